@@ -1,0 +1,38 @@
+# Two commands matter: `make lab` and `make test`. Each builds .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+STAMP := $(VENV)/.installed
+# A CPU build where there is no GPU, a CUDA build where there is one (pip picks).
+TORCH_SPEC ?= torch==2.13.0
+PORT ?= 8888
+# Extra JupyterLab flags, e.g. LAB_ARGS=--allow-root inside a container.
+LAB_ARGS ?=
+
+# nbgrader runs `alembic` as a subprocess: the venv's bin/ must be on PATH.
+export PATH := $(BIN):$(PATH)
+
+.PHONY: lab test doctor bench-gpu clean
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --port=$(PORT) --notebook-dir=notebooks $(LAB_ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+doctor: $(STAMP)
+	$(BIN)/python -m course doctor
+
+# On a GPU machine: the GPU-only tests and measurements, in one process tree.
+bench-gpu: $(STAMP)
+	$(BIN)/python scripts/gpu_suite.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
