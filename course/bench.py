@@ -1,0 +1,169 @@
+"""Timing kernels honestly, and turning times into bandwidth.
+
+On a GPU, every repetition is timed with CUDA events around the call alone, after a
+warm-up (compilation, autotuning, clocks), and the median is reported. Inputs rotate
+through enough copies that their total size is several times the L2 cache, so a
+repetition never finds the previous repetition's data waiting in L2.
+
+Without a GPU the same functions time with the CPU clock: useful to exercise the code,
+meaningless as a measure of a kernel (Triton's interpreter runs it with NumPy).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from course import hardware, runtime
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-repetition times of one function, in seconds."""
+
+    times_s: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def min_s(self) -> float:
+        return min(self.times_s)
+
+    def quantile_s(self, q: float) -> float:
+        ordered = sorted(self.times_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def time_fn(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 100,
+            before_each: Callable[[int], Any] | None = None) -> Timing:
+    """Time `fn()` `reps` times after `warmup` untimed calls.
+
+    `before_each(i)` runs before repetition i, outside the timed region (to pick the
+    next rotating input, for instance).
+    """
+    if reps < 1:
+        raise ValueError(f"reps must be at least 1, got {reps}")
+    for i in range(warmup):
+        if before_each is not None:
+            before_each(i)
+        fn()
+    runtime.synchronize()
+    times = []
+    if runtime.on_gpu():
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            if before_each is not None:
+                before_each(i)
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends, strict=True)]
+    else:
+        for i in range(reps):
+            if before_each is not None:
+                before_each(i)
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return Timing(tuple(times))
+
+
+def copies_needed(bytes_per_call: int, *, l2_multiple: float = 3.0, cap: int = 64) -> int:
+    """How many input copies keep every repetition's data out of L2 (at least 2)."""
+    l2 = hardware.l2_bytes()
+    if bytes_per_call <= 0 or l2 == 0:
+        return 2
+    return max(2, min(cap, math.ceil(l2_multiple * l2 / bytes_per_call)))
+
+
+def time_rotating(fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
+                  bytes_per_call: int, *, warmup: int = 10, reps: int = 100) -> Timing:
+    """Time `fn(*args)` with args drawn in turn from fresh copies made by `make_args()`."""
+    arg_sets = [tuple(make_args()) for _ in range(copies_needed(bytes_per_call))]
+    current: list[tuple] = [arg_sets[0]]
+
+    def pick(i: int) -> None:
+        current[0] = arg_sets[i % len(arg_sets)]
+
+    return time_fn(lambda: fn(*current[0]), warmup=warmup, reps=reps, before_each=pick)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One timed kernel: time, the ideal bytes it had to move, and what that makes."""
+
+    label: str
+    seconds: float
+    nbytes: int
+    copy_bytes_per_s: float | None = None  # measured on the same device, same process
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / self.seconds / 1e9
+
+    @property
+    def fraction_of_copy(self) -> float | None:
+        if self.copy_bytes_per_s is None:
+            return None
+        return self.nbytes / self.seconds / self.copy_bytes_per_s
+
+    def __str__(self) -> str:
+        frac = self.fraction_of_copy
+        tail = f", {100 * frac:.1f} % of copy bandwidth" if frac is not None else ""
+        return f"{self.label}: {self.seconds * 1e6:.1f} us, {self.gbps:.0f} GB/s{tail}"
+
+
+def measure(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
+            nbytes: int, *, warmup: int = 10, reps: int = 100) -> Measurement:
+    """Median time of `fn` on rotating inputs, as bandwidth over `nbytes` ideal bytes."""
+    timing = time_rotating(fn, make_args, nbytes, warmup=warmup, reps=reps)
+    copy = hardware.copy_bandwidth() if runtime.on_gpu() else None
+    return Measurement(label, timing.median_s, int(nbytes), copy)
+
+
+def sweep(points: Sequence[Any], run_point: Callable[[Any], Measurement | Sequence[Measurement]],
+          *, desc: str = "sweep") -> list[Measurement]:
+    """Run `run_point(p)` for every point with a progress bar; flatten the measurements."""
+    from tqdm.auto import tqdm
+
+    out: list[Measurement] = []
+    for point in tqdm(points, desc=desc):
+        result = run_point(point)
+        out.extend([result] if isinstance(result, Measurement) else result)
+    return out
+
+
+def plot_fraction_of_copy(measurements: Sequence[Measurement], *, x_key: str = "N",
+                          title: str = "", ax=None):
+    """Percent of copy bandwidth against `extra[x_key]`, one line per label."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    by_label: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        by_label.setdefault(m.label, []).append(m)
+    for label, ms in by_label.items():
+        ms = sorted(ms, key=lambda m: m.extra[x_key])
+        ys = [100 * (m.fraction_of_copy or 0.0) for m in ms]
+        ax.plot([m.extra[x_key] for m in ms], ys, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel("% of measured copy bandwidth")
+    ax.set_ylim(0, 105)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    return ax

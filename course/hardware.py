@@ -1,0 +1,117 @@
+"""What the GPU in hand can do: published peak figures, and the copy bandwidth measured here.
+
+Peak figures come from the vendors' datasheets (dense tensor-core throughput, no
+sparsity). They bound what is possible; the course's bandwidth targets are always
+relative to `copy_bandwidth()`, which is measured on the device itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import torch
+
+from course import runtime
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    hbm_gbps: float            # peak DRAM bandwidth, GB/s (1e9 bytes per second)
+    bf16_tflops: float | None  # dense tensor-core bf16; None where the chip has none
+    fp16_tflops: float         # dense tensor-core fp16 (fp32 accumulation)
+    fp32_tflops: float         # non-tensor fp32 (FMA counted as two FLOPs)
+    l2_mb: float
+    memory_gb: float
+    pattern: str               # regular expression matched against torch's device name
+
+    def peak_flops(self, dtype: torch.dtype) -> float:
+        """Peak FLOP/s for math in `dtype` (tensor cores for 16-bit types)."""
+        if dtype == torch.bfloat16:
+            tflops = self.bf16_tflops if self.bf16_tflops is not None else self.fp32_tflops
+        elif dtype == torch.float16:
+            tflops = self.fp16_tflops
+        else:
+            tflops = self.fp32_tflops
+        return tflops * 1e12
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_gbps * 1e9
+
+
+# Order matters: the first pattern that matches wins, so specific names come first.
+SPECS: tuple[GPUSpec, ...] = (
+    GPUSpec("B200", 8000, 2250, 2250, 80, 126, 180, r"B200"),
+    GPUSpec("H200", 4800, 989, 989, 67, 50, 141, r"H200"),
+    GPUSpec("H100 PCIe", 2000, 756, 756, 51, 50, 80, r"H100.*PCIe"),
+    GPUSpec("H100 SXM", 3350, 989, 989, 67, 50, 80, r"H100"),
+    GPUSpec("A100 80GB", 2039, 312, 312, 19.5, 40, 80, r"A100.*80GB"),
+    GPUSpec("A100 40GB", 1555, 312, 312, 19.5, 40, 40, r"A100"),
+    GPUSpec("A10", 600, 125, 125, 31.2, 6, 24, r"\bA10\b|A10G"),
+    GPUSpec("L4", 300, 121, 121, 30.3, 48, 24, r"\bL4\b"),
+    GPUSpec("T4", 320, None, 65, 8.1, 4, 16, r"\bT4\b"),
+    GPUSpec("RTX 4090", 1008, 165.2, 165.2, 82.6, 72, 24, r"RTX 4090"),
+)
+
+
+def spec_by_name(name: str) -> GPUSpec | None:
+    """The spec whose pattern matches a device name such as 'NVIDIA H100 80GB HBM3'."""
+    for spec in SPECS:
+        if re.search(spec.pattern, name, flags=re.IGNORECASE):
+            return spec
+    return None
+
+
+def lookup(short_name: str) -> GPUSpec:
+    """The spec with this exact short name, e.g. lookup('H100 SXM')."""
+    for spec in SPECS:
+        if spec.name == short_name:
+            return spec
+    names = ", ".join(s.name for s in SPECS)
+    raise KeyError(f"no GPU called {short_name!r} in the table; known: {names}")
+
+
+def current() -> GPUSpec | None:
+    """The spec of the GPU in use, or None without a GPU or for a GPU not in the table."""
+    if not runtime.on_gpu():
+        return None
+    return spec_by_name(torch.cuda.get_device_name())
+
+
+def l2_bytes() -> int:
+    """L2 size of the GPU in use as the driver reports it (0 without a GPU)."""
+    if not runtime.on_gpu():
+        return 0
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0))
+
+
+class NeedsGPU(RuntimeError):
+    """Raised by measurements that only mean something on a GPU."""
+
+
+@functools.cache
+def _copy_bandwidth(device_index: int, nbytes: int) -> float:
+    from course import bench  # bench reports fractions of this number: import lazily
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device_index}").random_(0, 255)
+    dst = torch.empty_like(src)
+    timing = bench.time_fn(lambda: dst.copy_(src), warmup=5, reps=40)
+    return 2 * nbytes / timing.median_s
+
+
+def copy_bandwidth(nbytes: int | None = None) -> float:
+    """Bytes per second that a device-to-device copy reaches (read + write counted), measured
+    once per process: the practical ceiling for any memory-bound kernel on this GPU.
+
+    The buffers are far larger than L2 so the copy really streams through HBM.
+    """
+    if not runtime.on_gpu():
+        raise NeedsGPU("copy_bandwidth() needs a GPU: Triton's interpreter on the CPU says "
+                       "nothing about HBM. Run this on a CUDA machine (or Colab with a GPU).")
+    if nbytes is None:
+        nbytes = max(512 * 2**20, 8 * l2_bytes())
+    return _copy_bandwidth(torch.cuda.current_device(), int(nbytes))

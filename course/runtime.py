@@ -1,0 +1,72 @@
+"""The execution mode, chosen once when `course` is first imported.
+
+With a CUDA GPU visible, kernels compile and run on it. Without one, Triton's interpreter
+runs them on the CPU with NumPy. Triton decides which of the two a kernel gets when the
+`@triton.jit` decorator runs, so the mode must be set before any kernel is defined:
+every notebook imports `course` first.
+
+Override with the environment variable COURSE_DEVICE=cpu (interpreter even on a GPU
+machine) or COURSE_DEVICE=cuda (fail loudly if no GPU is usable).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_requested = os.environ.get("COURSE_DEVICE", "").strip().lower()
+if _requested not in ("", "cpu", "cuda"):
+    raise RuntimeError(f"COURSE_DEVICE must be 'cpu' or 'cuda', not {_requested!r}")
+if _requested == "cuda" and not torch.cuda.is_available():
+    raise RuntimeError("COURSE_DEVICE=cuda, but torch sees no CUDA GPU (torch.cuda.is_available()"
+                       " is False). Unset COURSE_DEVICE to use Triton's interpreter on the CPU.")
+
+_interpret_already = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_use_gpu = torch.cuda.is_available() and _requested != "cpu" and not _interpret_already
+
+if _use_gpu:
+    MODE = "gpu"
+    DEVICE = torch.device("cuda")
+else:
+    MODE = "interpreter"
+    DEVICE = torch.device("cpu")
+    # Before any @triton.jit runs (Triton reads it when a kernel is decorated).
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def on_gpu() -> bool:
+    """True when kernels run on a CUDA GPU, False under Triton's CPU interpreter."""
+    return MODE == "gpu"
+
+
+def interpreted() -> bool:
+    return MODE == "interpreter"
+
+
+def supports_bf16() -> bool:
+    """Whether bfloat16 kernels can run here: Triton needs compute capability 8.0 for them."""
+    if not on_gpu():
+        return True
+    return torch.cuda.get_device_capability() >= (8, 0)
+
+
+def float_dtypes() -> tuple[torch.dtype, ...]:
+    """The input dtypes exercised on this device."""
+    base = (torch.float32, torch.float16)
+    return base + ((torch.bfloat16,) if supports_bf16() else ())
+
+
+def synchronize() -> None:
+    if on_gpu():
+        torch.cuda.synchronize()
+
+
+def banner() -> str:
+    """One line saying where kernels will run."""
+    if on_gpu():
+        name = torch.cuda.get_device_name()
+        major, minor = torch.cuda.get_device_capability()
+        return f"course: kernels run on the GPU ({name}, sm_{major}{minor})"
+    return ("course: no GPU visible, kernels run in Triton's interpreter on the CPU "
+            "(correct results, no meaningful timings; bandwidth checks are skipped)")
