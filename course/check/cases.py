@@ -1,0 +1,78 @@
+"""Test cases: a shape, a dtype, a layout and the kind of values, each tagged with what it
+probes so that the pattern of passes and failures can name the bug."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from course import runtime
+from course.check.inputs import GuardedInput, guarded
+
+# What each tag means, for people reading a report.
+TAGS = {
+    "pow2": "N is a power of two (no mask needed)",
+    "odd_n": "N is not a power of two (needs a mask)",
+    "edge": "a degenerate size (N = 1 or M = 1)",
+    "wide": "N larger than any fixed block size",
+    "strided": "rows are not contiguous (row stride > N)",
+    "nd": "3-D input, normalised over the last dimension",
+    "half": "16-bit input",
+    "bf16": "bfloat16 input",
+    "magnitude": "large values that overflow 16-bit arithmetic",
+    "long": "long rows that expose low-precision accumulation",
+    "zeros": "rows of zeros",
+    "eps": "a non-default eps that changes the result",
+    "mean": "rows with a large mean (exposes cancellation)",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    tags: frozenset[str] = field(default_factory=frozenset)
+    row_padding: int = 0
+    scale: float = 1.0
+    offset: float = 0.0
+    zero_rows: tuple[int, ...] = ()
+    eps: float = 1e-6
+
+    @property
+    def n(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def rows(self) -> int:
+        rows = 1
+        for d in self.shape[:-1]:
+            rows *= d
+        return rows
+
+    def label(self) -> str:
+        dims = "x".join(map(str, self.shape))
+        dtype = str(self.dtype).replace("torch.", "")
+        return f"{self.name} ({dims}, {dtype})"
+
+    def runnable(self) -> bool:
+        return self.dtype != torch.bfloat16 or runtime.supports_bf16()
+
+    def row_values(self, gen: torch.Generator) -> torch.Tensor:
+        """Random rows in float32 on the CPU (the generator is CPU-side, for repeatability)."""
+        values = torch.randn(self.shape, generator=gen) * self.scale + self.offset
+        if self.zero_rows:
+            flat = values.reshape(-1, self.n)
+            flat[list(self.zero_rows)] = 0.0
+        return values
+
+    def make_input(self, gen: torch.Generator) -> GuardedInput:
+        values = self.row_values(gen).to(self.dtype).to(runtime.DEVICE)
+        return guarded(values, row_padding=self.row_padding)
+
+    def make_vector(self, gen: torch.Generator, *, low: float = 0.25, high: float = 1.75,
+                    dtype: torch.dtype | None = None) -> GuardedInput:
+        """A per-column parameter such as the weight: not all ones, so ignoring it shows."""
+        values = torch.rand(self.n, generator=gen) * (high - low) + low
+        return guarded(values.to(dtype or self.dtype).to(runtime.DEVICE))

@@ -1,0 +1,126 @@
+"""Comparing a learner's output with the float64 reference, and describing the difference
+in terms of rows and columns (the shape of a bug is usually its best clue)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Tolerances per output dtype: a few units in the last place of that dtype, since the
+# reference is exact and the output is rounded once (plus float32 arithmetic on the way).
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {  # (atol, rtol)
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+    torch.float64: (1e-10, 1e-10),
+}
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Where and how an output differs from the reference (viewed as rows x columns)."""
+
+    name: str
+    n_rows: int
+    n_cols: int
+    bad_rows: tuple[int, ...]
+    bad_cols: tuple[int, ...]
+    n_bad: int
+    n_poison: int            # NaN where the reference is finite: memory never written
+    poison_cols: tuple[int, ...]
+    max_abs_err: float
+    examples: tuple[tuple[tuple[int, int], float, float], ...]  # ((row, col), expected, got)
+
+    @property
+    def all_poison(self) -> bool:
+        return self.n_poison == self.n_rows * self.n_cols
+
+    @property
+    def first_row_right_others_not(self) -> bool:
+        """Row 0 right and most other rows wrong (a few may match by chance)."""
+        return (self.n_rows > 1 and 0 not in self.bad_rows
+                and 2 * len(self.bad_rows) >= self.n_rows - 1)
+
+    def poison_tail_from(self) -> int | None:
+        """If the never-written columns are exactly those from some k > 0 on, that k."""
+        if not self.poison_cols:
+            return None
+        k = self.poison_cols[0]
+        if k > 0 and self.poison_cols == tuple(range(k, self.n_cols)):
+            return k
+        return None
+
+    def describe(self) -> str:
+        rows = _ranges(self.bad_rows)
+        cols = _ranges(self.bad_cols)
+        lines = [f"{self.n_bad} of {self.n_rows * self.n_cols} elements of {self.name} are wrong "
+                 f"(rows {rows} of 0..{self.n_rows - 1}; columns {cols} of 0..{self.n_cols - 1})"]
+        if self.n_poison:
+            lines.append(f"{self.n_poison} of them are NaN: memory your kernel never wrote (the "
+                         "checker fills fresh allocations with NaN)")
+        for (r, c), want, got in self.examples:
+            lines.append(f"  {self.name}[{r}, {c}]: expected {want:.6g}, got {got:.6g}")
+        return "\n".join(lines)
+
+
+def _ranges(values: tuple[int, ...], limit: int = 6) -> str:
+    if not values:
+        return "none"
+    spans = []
+    start = prev = values[0]
+    for v in values[1:]:
+        if v != prev + 1:
+            spans.append((start, prev))
+            start = v
+        prev = v
+    spans.append((start, prev))
+    text = ", ".join(f"{a}" if a == b else f"{a}..{b}" for a, b in spans[:limit])
+    return text + (", ..." if len(spans) > limit else "")
+
+
+def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
+            ) -> Mismatch | None:
+    """None when `got` matches the float64 `expected` within `dtype`'s tolerance.
+
+    Shape, dtype and device problems raise AssertionError straight away: they are not a
+    matter of tolerance.
+    """
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{name} should be a torch.Tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(f"{name} has shape {tuple(got.shape)}, expected "
+                             f"{tuple(expected.shape)} (the same shape as the input)")
+    if got.dtype != dtype:
+        raise AssertionError(f"{name} has dtype {got.dtype}, expected {dtype} (the input's "
+                             "dtype: compute in float32 inside the kernel, store in the "
+                             "output's dtype)")
+    if got.device != expected.device:
+        raise AssertionError(f"{name} is on {got.device}, expected {expected.device}")
+    atol, rtol = TOLERANCES[dtype]
+    n_cols = expected.shape[-1] if expected.dim() else 1
+    want = expected.detach().to(torch.float64).reshape(-1, n_cols)
+    have = got.detach().to(torch.float64).reshape(-1, n_cols)
+    err = (have - want).abs()
+    bad = ~(err <= atol + rtol * want.abs())  # NaN counts as bad
+    if not bool(bad.any()):
+        return None
+    poison = torch.isnan(have) & ~torch.isnan(want)
+    bad_idx = bad.nonzero().tolist()
+    picks = [bad_idx[0], bad_idx[len(bad_idx) // 2], bad_idx[-1]]
+    examples = []
+    for r, c in dict.fromkeys(map(tuple, picks)):
+        examples.append(((r, c), float(want[r, c]), float(have[r, c])))
+    finite_err = err[bad & torch.isfinite(err)]
+    return Mismatch(
+        name=name,
+        n_rows=want.shape[0],
+        n_cols=n_cols,
+        bad_rows=tuple(bad.any(dim=1).nonzero().flatten().tolist()),
+        bad_cols=tuple(bad.any(dim=0).nonzero().flatten().tolist()),
+        n_bad=int(bad.sum()),
+        n_poison=int(poison.sum()),
+        poison_cols=tuple(poison.any(dim=0).nonzero().flatten().tolist()),
+        max_abs_err=float(finite_err.max()) if finite_err.numel() else float("inf"),
+        examples=tuple(examples),
+    )

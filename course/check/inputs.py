@@ -1,0 +1,78 @@
+"""Inputs for the checkers: fresh random tensors placed inside guarded buffers.
+
+Each input lives in a larger buffer: margins before and after it, and optionally padding
+between rows (so rows are not contiguous). Margins and padding hold a distinctive finite
+value. A kernel that reads past a row (a missing load mask) picks that value up and gets
+a visibly wrong answer without touching unowned memory; a kernel that writes outside its
+output changes bytes we compare afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GUARD_VALUE = 100.0
+
+
+@dataclass
+class GuardedInput:
+    buffer: torch.Tensor   # flat storage, margins included
+    tensor: torch.Tensor   # the view handed to the learner
+    snapshot: torch.Tensor  # bytes of `buffer` before the call
+
+    def changed(self) -> torch.Tensor:
+        """Byte-level mask of the buffer's elements that differ from the snapshot."""
+        now = self.buffer.view(torch.uint8).reshape(self.buffer.numel(), -1)
+        before = self.snapshot.reshape(self.buffer.numel(), -1)
+        return (now != before).any(dim=1)
+
+    def written_inside(self) -> int:
+        """Elements of the tensor itself that the call changed."""
+        changed = self.changed()
+        inside = torch.zeros_like(changed)
+        inside_idx = _element_indices(self.tensor, self.buffer)
+        inside[inside_idx] = True
+        return int((changed & inside).sum())
+
+    def written_outside(self) -> int:
+        """Elements of the margins and row padding that the call changed."""
+        changed = self.changed()
+        inside = torch.zeros_like(changed)
+        inside[_element_indices(self.tensor, self.buffer)] = True
+        return int((changed & ~inside).sum())
+
+
+def _element_indices(view: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """Flat indices into `buffer` of every element of `view` (a strided view of it)."""
+    idx = torch.arange(buffer.numel(), device=buffer.device)
+    return idx.as_strided(view.shape, view.stride(), view.storage_offset()).reshape(-1)
+
+
+def guarded(values: torch.Tensor, *, row_padding: int = 0, margin: int | None = None
+            ) -> GuardedInput:
+    """Copy `values` (any shape, last dim = row) into a guarded buffer and return the view.
+
+    row_padding > 0 leaves that many guard elements after every row, so the row stride is
+    N + row_padding instead of N.
+    """
+    shape = tuple(values.shape)
+    n = shape[-1] if shape else 1
+    rows = values.numel() // max(n, 1)
+    row_stride = n + row_padding
+    if margin is None:
+        margin = max(256, 2 * n)
+    buffer = torch.full((2 * margin + rows * row_stride,), GUARD_VALUE,
+                        dtype=values.dtype, device=values.device)
+    strides = []
+    step = row_stride
+    strides.append(1)
+    for dim in reversed(shape[:-1]):
+        strides.append(step)
+        step *= dim
+    strides = tuple(reversed(strides)) if shape else ()
+    view = buffer.as_strided(shape, strides, margin)
+    view.copy_(values)
+    snapshot = buffer.view(torch.uint8).clone()
+    return GuardedInput(buffer, view, snapshot)

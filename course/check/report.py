@@ -1,0 +1,71 @@
+"""What a checker returns: one line per case, and the advice that explains the failures."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+from course import runtime
+from course.check.runner import CaseResult
+
+
+@dataclass
+class Report:
+    exercise: str
+    seed: int
+    results: list[CaseResult]
+    advice: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.advice and all(r.passed for r in self.results)
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        out = []
+        for r in self.results:
+            if r.error:
+                verdict, detail = "ERROR", r.error.splitlines()[0][:80]
+            elif not r.passed:
+                verdict = "FAIL"
+                parts = [f.kind for f in r.findings]
+                parts += [f"{m.n_bad} wrong, max err {m.max_abs_err:.3g}" for m in r.mismatches]
+                detail = "; ".join(parts)
+            else:
+                verdict = "ok"
+                detail = f"{len(r.launches)} launch" + ("es" if len(r.launches) != 1 else "")
+            out.append((r.case.label(), verdict, detail))
+        return out
+
+    def summary(self) -> str:
+        rows = self.rows()
+        width = max((len(r[0]) for r in rows), default=10)
+        lines = [f"{self.exercise}: {sum(r.passed for r in self.results)}/{len(self.results)} "
+                 f"cases pass ({runtime.MODE} mode, seed {self.seed})"]
+        lines += [f"  {name:<{width}}  {verdict:<5}  {detail}" for name, verdict, detail in rows]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def message(self) -> str:
+        """The text of the AssertionError raised when the report fails."""
+        head = f"{self.exercise} check failed.\n\n" + "\n\n".join(self.advice)
+        return f"{head}\n\n{self.summary()}"
+
+    def show(self) -> None:
+        print(self.summary())
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        colour = {"ok": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#cf222e"}
+        body = "".join(
+            f"<tr><td>{html.escape(n)}</td><td style='color:{colour[v]}'><b>{v}</b></td>"
+            f"<td>{html.escape(d)}</td></tr>" for n, v, d in self.rows())
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
+        advice = "".join(f"<pre style='white-space:pre-wrap'>{html.escape(a)}</pre>"
+                         for a in self.advice)
+        status = "all cases pass" if self.passed else "failed"
+        return (f"<b>{html.escape(self.exercise)}</b>: {status} ({runtime.MODE} mode, seed "
+                f"{self.seed})<table><tr><th>case</th><th>verdict</th><th>detail</th></tr>"
+                f"{body}</table>{advice}<ul>{notes}</ul>")

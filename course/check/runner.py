@@ -1,0 +1,189 @@
+"""Running an exercise's cases against a learner's function, one watched call per case."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from course import runtime
+from course.check import sandbox
+from course.check.cases import Case
+from course.check.compare import Mismatch, compare
+from course.check.inputs import GuardedInput
+
+Inputs = dict[str, GuardedInput]
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """What a checker needs to know about one exercise."""
+
+    name: str
+    signature: str                      # shown in messages: how the checker calls you
+    cases: tuple[Case, ...]
+    make_inputs: Callable[[Case, torch.Generator], Inputs]
+    call: Callable[[Callable, dict[str, torch.Tensor], Case], object]
+    expected: Callable[[dict[str, torch.Tensor], Case], tuple[torch.Tensor, ...]]  # float64
+    output_names: tuple[str, ...]
+    max_launches: int = 1
+
+    def output_dtypes(self, case: Case) -> tuple[torch.dtype, ...]:
+        return (case.dtype,) * len(self.output_names)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str       # no_launch, extra_launches, torch_ops, input_written, ...
+    message: str
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    mismatches: tuple[Mismatch, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    error: str | None = None
+    fatal: bool = False
+    launches: tuple[str, ...] = ()
+    copies: tuple[str, ...] = ()
+    outputs: tuple[torch.Tensor, ...] = field(default=(), repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return not (self.mismatches or self.findings or self.error)
+
+    def finding(self, kind: str) -> Finding | None:
+        return next((f for f in self.findings if f.kind == kind), None)
+
+
+_FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert",
+                  "unspecified launch failure", "misaligned address")
+
+
+def _learner_frame(exc: BaseException) -> str:
+    here = Path(__file__).resolve().parent.parent
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = frame.filename
+        if "/torch/" in path or "/triton/" in path or here in Path(path).resolve().parents:
+            continue
+        return f" (at {Path(path).name}, line {frame.lineno}: {(frame.line or '').strip()})"
+    return ""
+
+
+def _explain(exc: BaseException) -> tuple[str, bool]:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if len(text) > 600:
+        text = text[:600] + " ..."
+    fatal = runtime.on_gpu() and any(m in text for m in _FATAL_MARKERS)
+    if fatal:
+        text += ("\nThe GPU reported a memory fault. The CUDA context is now unusable: fix the "
+                 "kernel (usually a missing mask or a wrong offset), then restart the notebook's "
+                 "kernel (Kernel > Restart) before running anything else on the GPU.")
+    return text + _learner_frame(exc), fatal
+
+
+def _normalise_outputs(out: object, n: int, signature: str) -> tuple[torch.Tensor, ...]:
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if len(outs) != n:
+        raise AssertionError(f"your function returned {len(outs)} value(s), expected {n}: "
+                             f"{signature}")
+    return tuple(outs)
+
+
+def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator) -> CaseResult:
+    inputs = exercise.make_inputs(case, gen)
+    views = {name: g.tensor for name, g in inputs.items()}
+    originals = {name: v.clone() for name, v in views.items()}  # in case the call writes them
+    runtime.synchronize()
+    try:
+        with sandbox.watch() as record:
+            raw = exercise.call(fn, views, case)
+        runtime.synchronize()  # asynchronous GPU faults surface here, inside the try
+        outputs = _normalise_outputs(raw, len(exercise.output_names), exercise.signature)
+    except AssertionError:
+        raise
+    except Exception as exc:  # the learner's code: any failure becomes a report line
+        text, fatal = _explain(exc)
+        return CaseResult(case, error=text, fatal=fatal)
+
+    findings = []
+    if not record.launches:
+        findings.append(Finding("no_launch", "returned a result without launching any Triton "
+                                "kernel"))
+    elif len(record.launches) > exercise.max_launches:
+        findings.append(Finding(
+            "extra_launches",
+            f"launched {len(record.launches)} Triton kernels ({', '.join(record.launches)}); "
+            f"this exercise allows {exercise.max_launches}"))
+    if record.forbidden_ops:
+        by_site: dict[str, list[str]] = {}
+        for use in record.forbidden_ops:
+            ops = by_site.setdefault(use.site, [])
+            if use.op not in ops:
+                ops.append(use.op)
+        where = "; ".join(f"{', '.join(ops)} at {site}" for site, ops in by_site.items())
+        findings.append(Finding("torch_ops", f"ran PyTorch compute ops: {where}"))
+    for name, g in inputs.items():
+        inside, outside = g.written_inside(), g.written_outside()
+        if inside:
+            findings.append(Finding("input_written",
+                                    f"changed {inside} element(s) of the input `{name}`"))
+        if outside:
+            findings.append(Finding("input_guard_written",
+                                    f"wrote {outside} element(s) into memory around the input "
+                                    f"`{name}` (past a row's end or into the row padding)"))
+    for alloc, before, after in record.margin_writes():
+        where = " and ".join(w for w, k in (("before its start", before), ("after its end", after))
+                             if k)
+        findings.append(Finding("output_margin_written",
+                                f"wrote {before + after} element(s) outside a tensor it allocated "
+                                f"(shape {alloc.view_shape}), {where}"))
+
+    expected = exercise.expected(originals, case)
+    mismatches = []
+    for name, got, want, dtype in zip(exercise.output_names, outputs, expected,
+                                      exercise.output_dtypes(case), strict=True):
+        m = compare(name, got, want, dtype)
+        if m is not None:
+            mismatches.append(m)
+    return CaseResult(case, tuple(mismatches), tuple(findings), launches=tuple(record.launches),
+                      copies=tuple(str(c) for c in record.copies), outputs=outputs)
+
+
+def probe_caching(exercise: Exercise, fn: Callable, case: Case, seed: int) -> Finding | None:
+    """Call twice with different inputs of one shape: the second answer must be the second
+    input's, not the first's (a wrapper that memoises results by shape fails here)."""
+    first = run_case(exercise, fn, case, torch.Generator().manual_seed(seed + 101))
+    second_gen = torch.Generator().manual_seed(seed + 202)
+    second_inputs = exercise.make_inputs(case, second_gen)
+    views = {k: g.tensor for k, g in second_inputs.items()}
+    originals = {k: v.clone() for k, v in views.items()}
+    if first.error or not first.outputs:
+        return None
+    try:
+        with sandbox.watch():
+            raw = exercise.call(fn, views, case)
+        runtime.synchronize()
+        outs = _normalise_outputs(raw, len(exercise.output_names), exercise.signature)
+    except Exception:  # an error here is reported by the main cases
+        return None
+    want = exercise.expected(originals, case)
+    dtypes = exercise.output_dtypes(case)
+    wrong_now = any(compare(n, o, w, d) is not None
+                    for n, o, w, d in zip(exercise.output_names, outs, want, dtypes, strict=True))
+    same_as_before = all(compare(n, o, p.to(torch.float64), d) is None
+                         for n, o, p, d in zip(exercise.output_names, outs, first.outputs, dtypes,
+                                               strict=True))
+    if wrong_now and same_as_before:
+        return Finding("cached", "returned the result of an earlier call when called again "
+                       "with new inputs of the same shape")
+    return None
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little") % 1_000_000

@@ -1,0 +1,50 @@
+"""Running a whole exercise: every case, the repeat-call probe, then the advice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from course.check.diagnose import advise
+from course.check.report import Report
+from course.check.runner import CaseResult, Exercise, fresh_seed, probe_caching, run_case
+
+
+def run_exercise(exercise: Exercise, fn: Callable, *, seed: int | None = None) -> Report:
+    """Check `fn` on every case of `exercise` with fresh random inputs (reproducible from the
+    seed printed in the report)."""
+    if not callable(fn):
+        raise TypeError(f"pass your function itself, e.g. {exercise.signature.split('(')[0]}, "
+                        f"not {type(fn).__name__}")
+    seed = fresh_seed() if seed is None else int(seed)
+    runnable = [c for c in exercise.cases if c.runnable()]
+    notes = [f"skipped {c.label()}: this GPU has no bfloat16 support in Triton"
+             for c in exercise.cases if not c.runnable()]
+    results: list[CaseResult] = []
+    for index, case in enumerate(runnable):
+        result = run_case(exercise, fn, case, torch.Generator().manual_seed(seed * 1000 + index))
+        results.append(result)
+        if result.fatal:
+            notes.append("stopped after a GPU memory fault: later cases were not run")
+            break
+    passing = [r for r in results if r.passed]
+    if passing and not any(r.fatal for r in results):
+        finding = probe_caching(exercise, fn, passing[0].case, seed)
+        if finding is not None:
+            results.append(CaseResult(passing[0].case, findings=(finding,)))
+    copies = sorted({c for r in results for c in r.copies})
+    if copies:
+        notes.append("your wrapper copies data with PyTorch (" + "; ".join(copies[:3]) +
+                     "): allowed, but each copy is an extra read and write of the tensor")
+    return Report(exercise.name, seed, results, advise(results), notes)
+
+
+def check_and_raise(exercise: Exercise, fn: Callable, *, seed: int | None = None,
+                    quiet: bool = False) -> Report:
+    report = run_exercise(exercise, fn, seed=seed)
+    if not report.passed:
+        raise AssertionError(report.message())
+    if not quiet:
+        report.show()
+    return report

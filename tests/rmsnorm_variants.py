@@ -1,0 +1,234 @@
+"""A correct RMSNorm forward and a gallery of broken or dishonest ones, each with the bug
+a learner really writes. The checker tests (and the GPU suite) run all of them.
+
+Every wrapper has the exercise's signature: rmsnorm(x, weight, eps=1e-6) -> y.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import course  # noqa: F401  (sets the execution mode before any kernel is defined)
+
+
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                   BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    # Leading dimensions become rows; a view whenever the rows are evenly strided.
+    return x.reshape(-1, x.shape[-1])
+
+
+def _launch(kernel, x, weight, eps, block=None, y=None):
+    x2 = _rows(x)
+    y2 = torch.empty_like(x2) if y is None else y
+    n = x2.shape[1]
+    block = block or triton.next_power_of_2(n)
+    # More warps for longer rows keeps each thread's share of the row small.
+    kernel[(x2.shape[0],)](x2, weight, y2, x2.stride(0), y2.stride(0), n, eps,
+                           BLOCK_N=block, num_warps=min(16, max(4, block // 512)))
+    return y2
+
+
+def correct(x, weight, eps=1e-6):
+    return _launch(rmsnorm_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
+def _two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                     BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols, other=0.0)
+        acc += x.to(tl.float32) * x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def two_pass_slow(x, weight, eps=1e-6):
+    """Correct, but reads every row twice in small blocks with one warp: slow on purpose."""
+    x2 = _rows(x)
+    y = torch.empty_like(x2)
+    n = x2.shape[1]
+    _two_pass_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
+                                     BLOCK_N=128, num_warps=1)
+    return y.view(x.shape)
+
+
+@triton.jit
+def _no_mask_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                    BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    x = tl.load(x_ptr + row * stride_x_row + cols).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty))
+
+
+def missing_mask(x, weight, eps=1e-6):
+    return _launch(_no_mask_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
+def _no_row_offset_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                          BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # forgot the row
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def wrong_row_offset(x, weight, eps=1e-6):
+    return _launch(_no_row_offset_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
+def _low_precision_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                          BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0)  # stays 16-bit
+    mean_sq = tl.sum(x * x, axis=0).to(tl.float32) / n_cols
+    rstd = 1.0 / tl.sqrt(mean_sq + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols,
+             (x.to(tl.float32) * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def low_precision_accumulation(x, weight, eps=1e-6):
+    return _launch(_low_precision_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
+def _does_nothing_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                         BLOCK_N: tl.constexpr):
+    pass
+
+
+def stale_memory(x, weight, eps=1e-6):
+    # Looks right when the allocator recycles the block of an earlier correct answer.
+    return _launch(_does_nothing_kernel, x, weight, eps).view(x.shape)
+
+
+def torch_ops_in_wrapper(x, weight, eps=1e-6):
+    # Launches a kernel for show; the answer comes from PyTorch.
+    _launch(rmsnorm_kernel, x, weight, eps)
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+
+
+def no_triton(x, weight, eps=1e-6):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+@triton.jit
+def _sum_squares_kernel(x_ptr, out_ptr, stride_x_row, n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row, 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps))
+
+
+@triton.jit
+def _scale_kernel(x_ptr, w_ptr, rstd_ptr, y_ptr, stride_x_row, stride_y_row, n_cols,
+                  BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + row)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def two_launches(x, weight, eps=1e-6):
+    x2 = _rows(x)
+    n = x2.shape[1]
+    block = triton.next_power_of_2(n)
+    rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+    y = torch.empty_like(x2)
+    _sum_squares_kernel[(x2.shape[0],)](x2, rstd, x2.stride(0), n, eps, BLOCK_N=block)
+    _scale_kernel[(x2.shape[0],)](x2, weight, rstd, y, x2.stride(0), y.stride(0), n,
+                                  BLOCK_N=block)
+    return y.view(x.shape)
+
+
+def writes_into_input(x, weight, eps=1e-6):
+    x2 = _rows(x)
+    _launch(rmsnorm_kernel, x, weight, eps, y=x2)  # "saves memory" by overwriting x
+    return x2.view(x.shape)
+
+
+def ignores_row_stride(x, weight, eps=1e-6):
+    x2 = _rows(x)
+    y = torch.empty_like(x2)
+    n = x2.shape[1]
+    rmsnorm_kernel[(x2.shape[0],)](x2, weight, y, n, n, n, eps,
+                                   BLOCK_N=triton.next_power_of_2(n))
+    return y.view(x.shape)
+
+
+_cache: dict = {}
+
+
+def caches_results(x, weight, eps=1e-6):
+    key = (tuple(x.shape), x.dtype)
+    if key not in _cache:
+        _cache[key] = correct(x, weight, eps)
+    return _cache[key]
+
+
+def fixed_block(x, weight, eps=1e-6):
+    # BLOCK_N hard-coded: rows longer than 1024 are only partly normalised.
+    x2 = _rows(x)
+    return _launch(rmsnorm_kernel, x, weight, eps, block=1024 if x2.shape[1] > 1 else 1
+                   ).view(x.shape)
+
+
+def ignores_eps(x, weight, eps=1e-6):
+    return _launch(rmsnorm_kernel, x, weight, 1e-6).view(x.shape)
+
+
+# name -> (function, a phrase its failure message must contain)
+BROKEN = {
+    "missing_mask": (missing_mask, "not masked"),
+    "wrong_row_offset": (wrong_row_offset, "Row 0 is right"),
+    "low_precision_accumulation": (low_precision_accumulation, "statistics are computed in"),
+    "stale_memory": (stale_memory, "never stores"),
+    "torch_ops_in_wrapper": (torch_ops_in_wrapper, "computes with PyTorch"),
+    "no_triton": (no_triton, "launched no Triton kernel"),
+    "two_launches": (two_launches, "more kernels than the exercise allows"),
+    "writes_into_input": (writes_into_input, "writes into an input"),
+    "ignores_row_stride": (ignores_row_stride, "rows are not contiguous"),
+    "caches_results": (caches_results, "returned the first call's result"),
+    "fixed_block": (fixed_block, "never written"),
+    "ignores_eps": (ignores_eps, "non-default eps"),
+}

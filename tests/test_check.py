@@ -1,0 +1,168 @@
+"""The RMSNorm forward checker: a correct kernel passes; each broken or dishonest kernel
+fails with the message that names its own bug, and only that."""
+
+from __future__ import annotations
+
+import pytest
+import rmsnorm_variants as variants
+import torch
+
+from course import check, runtime
+from course.check import sandbox
+from course.check.rmsnorm import RMSNORM_FORWARD
+from course.check.suite import run_exercise
+from course.hardware import NeedsGPU
+
+# Phrases of other variants that legitimately appear too (no_triton really does compute
+# with PyTorch).
+ALSO_TRUE = {"no_triton": {"torch_ops_in_wrapper"}}
+
+
+def test_correct_kernel_passes_every_case():
+    report = check.rmsnorm_forward(variants.correct, seed=7, quiet=True)
+    assert report.passed
+    assert len(report.results) >= 14
+    assert all(r.launches == ("rmsnorm_kernel",) for r in report.results)
+    shapes = {r.case.shape for r in report.results}
+    assert (5, 1) in shapes and (1, 257) in shapes and (2, 3, 64) in shapes
+    assert {r.case.dtype for r in report.results} >= {torch.float32, torch.float16}
+
+
+@pytest.mark.parametrize("name", sorted(variants.BROKEN))
+def test_broken_kernel_fails_with_its_own_message(name):
+    fn, phrase = variants.BROKEN[name]
+    with pytest.raises(AssertionError) as failure:
+        check.rmsnorm_forward(fn, seed=3, quiet=True)
+    message = str(failure.value)
+    assert phrase in message, message
+    for other, (_, other_phrase) in variants.BROKEN.items():
+        if other != name and other not in ALSO_TRUE.get(name, set()):
+            assert other_phrase not in message, f"{name} was also blamed for {other}:\n{message}"
+
+
+def test_failure_message_locates_the_torch_op_in_the_learners_code():
+    report = run_exercise(RMSNORM_FORWARD, variants.torch_ops_in_wrapper, seed=1)
+    text = "\n".join(report.advice)
+    assert "aten.pow" in text and "rmsnorm_variants.py, line" in text
+
+
+def test_missing_mask_names_tail_rows_and_expected_values():
+    report = run_exercise(RMSNORM_FORWARD, variants.missing_mask, seed=1)
+    text = report.message()
+    assert "expected" in text and "got" in text
+    failing = {r.case.name for r in report.results if not r.passed}
+    assert "power-of-two N" not in failing and "odd N" in failing
+
+
+def test_bf16_accumulation_message_explains_interpreter_and_gpu():
+    report = run_exercise(RMSNORM_FORWARD, variants.low_precision_accumulation, seed=2)
+    text = report.message()
+    failing = {r.case.dtype for r in report.results if not r.passed}
+    assert torch.float32 not in failing
+    assert "float32" in text
+    if runtime.interpreted():
+        assert "issue 11604" in text and "on a GPU" in text
+
+
+def test_seed_makes_inputs_reproducible_and_fresh_otherwise():
+    case = RMSNORM_FORWARD.cases[0]
+    a = RMSNORM_FORWARD.make_inputs(case, torch.Generator().manual_seed(5))["x"].tensor
+    b = RMSNORM_FORWARD.make_inputs(case, torch.Generator().manual_seed(5))["x"].tensor
+    c = RMSNORM_FORWARD.make_inputs(case, torch.Generator().manual_seed(6))["x"].tensor
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    seeds = {run_exercise(RMSNORM_FORWARD, variants.correct).seed for _ in range(3)}
+    assert len(seeds) > 1  # no seed given: fresh inputs every time
+
+
+def test_allocations_inside_a_watched_call_are_poisoned_and_guarded():
+    with sandbox.watch() as record:
+        y = torch.empty(4, 8, device=runtime.DEVICE)
+    assert torch.isnan(y).all()
+    assert record.margin_writes() == []
+    storage = record.allocations[0].buffer
+    storage[record.allocations[0].margin + 32] = 1.0  # one element past the end
+    (alloc, before, after), = record.margin_writes()
+    assert (before, after) == (0, 1) and alloc.view_shape == (4, 8)
+
+
+def test_views_and_copies_are_allowed_but_arithmetic_is_recorded():
+    x = torch.randn(4, 8, device=runtime.DEVICE)
+    with sandbox.watch() as record:
+        x.reshape(2, 16)
+        x[:, :4].contiguous()
+        x * 2
+    assert [u.op for u in record.forbidden_ops] == ["aten.mul.Tensor"]
+    assert [u.op for u in record.copies] == ["aten.clone.default"]
+
+
+def test_launch_counting_sees_every_launch_and_restores_triton():
+    from triton.runtime.jit import KernelInterface
+
+    original = KernelInterface.__getitem__
+    x = torch.randn(3, 16, device=runtime.DEVICE)
+    w = torch.ones(16, device=runtime.DEVICE)
+    with sandbox.watch() as record:
+        variants.correct(x, w)
+        variants.correct(x, w)
+    assert record.launches == ["rmsnorm_kernel", "rmsnorm_kernel"]
+    assert KernelInterface.__getitem__ is original
+
+
+def test_an_exception_in_the_learners_code_is_reported_not_raised_raw():
+    def broken(x, weight, eps=1e-6):
+        raise ValueError("my wrapper is unfinished")
+
+    with pytest.raises(AssertionError, match="my wrapper is unfinished"):
+        check.rmsnorm_forward(broken, seed=0, quiet=True)
+
+
+def test_wrong_output_shape_and_dtype_are_named():
+    def wrong_dtype(x, weight, eps=1e-6):
+        return variants.correct(x.float(), weight.float(), eps)
+
+    with pytest.raises(AssertionError, match="dtype torch.float32, expected torch.float16"):
+        check.rmsnorm_forward(wrong_dtype, seed=0, quiet=True)
+
+
+def test_checker_refuses_something_that_is_not_a_function():
+    with pytest.raises(TypeError, match="pass your function itself"):
+        check.rmsnorm_forward("rmsnorm", seed=0)
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="checks the message shown without a GPU")
+def test_bandwidth_check_without_gpu_says_it_needs_one(capsys):
+    with pytest.raises(NeedsGPU, match="needs a GPU"):
+        check.rmsnorm_forward_bandwidth(variants.correct, on_cpu="fail")
+    assert check.rmsnorm_forward_bandwidth(variants.correct, on_cpu="skip") is None
+    assert "needs a GPU" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_gpu_correct_kernel_passes_the_gpu_case_list():
+    report = check.rmsnorm_forward(variants.correct, seed=11, quiet=True)
+    assert any(r.case.shape == (64, 65536) for r in report.results)
+
+
+@pytest.mark.gpu
+def test_gpu_bandwidth_of_a_fused_kernel_meets_the_chapter_target():
+    result = check.rmsnorm_forward_bandwidth(variants.correct, target=0.75)
+    assert result.passed and result.best.fraction_of_copy >= 0.75
+
+
+@pytest.mark.gpu
+def test_gpu_bandwidth_check_fails_a_slow_kernel_with_numbers():
+    with pytest.raises(AssertionError, match="% of copy bandwidth"):
+        check.rmsnorm_forward_bandwidth(variants.two_pass_slow, target=0.75, retries=2)
+
+
+@pytest.mark.gpu
+def test_gpu_low_precision_accumulation_is_caught_on_long_bf16_rows():
+    report = run_exercise(RMSNORM_FORWARD, variants.low_precision_accumulation, seed=4)
+    failing = [r.case for r in report.results if not r.passed]
+    assert failing and all(c.dtype != torch.float32 for c in failing)
+    assert any(c.dtype == torch.bfloat16 and "long" in c.tags for c in failing)
+
+
+def test_two_pass_kernel_is_correct_and_launches_once():
+    report = check.rmsnorm_forward(variants.two_pass_slow, seed=5, quiet=True)
+    assert report.passed and all(len(r.launches) == 1 for r in report.results)
