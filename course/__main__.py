@@ -1,0 +1,5 @@
+"""`python -m course ...`: the same as the `course` command."""
+
+from course.cli import main
+
+raise SystemExit(main())

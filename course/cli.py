@@ -1,0 +1,144 @@
+"""The `course` command (also `python -m course`).
+
+    course doctor    what is installed, where kernels will run, and a tiny Triton kernel
+                     run end to end; exit status 0 when everything works, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import platform
+import sys
+from collections.abc import Sequence
+
+import course
+
+# Import failures are reported by `doctor`, not raised here: a broken install is exactly
+# what it diagnoses. `course` (imported above) has already chosen the execution mode, so
+# TRITON_INTERPRET is set before the kernel below is decorated.
+try:
+    import torch
+except Exception as exc:  # any failure to import is the diagnosis
+    torch = None
+    _TORCH_ERROR: Exception | None = exc
+else:
+    _TORCH_ERROR = None
+
+try:
+    import triton
+    import triton.language as tl
+except Exception as exc:
+    triton = None
+    _TRITON_ERROR: Exception | None = exc
+else:
+    _TRITON_ERROR = None
+
+    @triton.jit
+    def _row_sum_kernel(x_ptr, out_ptr, stride_x_row, n_cols, BLOCK_N: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < n_cols                  # 33 columns in a block of 64: the tail is masked
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0)
+        tl.store(out_ptr + row, tl.sum(x.to(tl.float32), axis=0))
+
+
+FIX_HINT = ("try reinstalling the environment: `make clean && make test` "
+            "(or `pip install -e .` in your own environment)")
+
+# Reported by version; torch and triton are reported from the imported modules instead.
+OTHER_PACKAGES = ("numpy", "ipywidgets", "nbgrader")
+
+
+class DoctorFailure(Exception):
+    """A problem that makes the course unusable; its message is the one-line reason."""
+
+
+def _installed_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
+
+
+def _line(key: str, value: str) -> None:
+    print(f"  {key:<14} {value}")
+
+
+def run_tiny_kernel() -> None:
+    """Sum each row of a 4x33 tensor with Triton and compare with torch; raise on mismatch."""
+    from course import runtime
+
+    x = torch.arange(4 * 33, dtype=torch.float32, device=runtime.DEVICE).reshape(4, 33) / 7
+    out = torch.empty(4, dtype=torch.float32, device=runtime.DEVICE)
+    _row_sum_kernel[(4,)](x, out, x.stride(0), 33, BLOCK_N=64)
+    runtime.synchronize()
+    expected = x.sum(dim=1)
+    if not torch.allclose(out, expected, rtol=1e-5, atol=1e-4):
+        raise DoctorFailure(f"the test kernel gave wrong results: row sums {out.tolist()}, "
+                            f"expected {expected.tolist()}")
+
+
+def _report_gpu() -> None:
+    from course import hardware, runtime
+
+    if not runtime.on_gpu():
+        _line("GPU", "none visible (only bandwidth checks and timings need one)")
+        return
+    _line("GPU", torch.cuda.get_device_name())
+    spec = hardware.current()
+    if spec is None:
+        _line("spec", "not in course.hardware's table (bandwidth is still measured)")
+    else:
+        bf16 = f"{spec.bf16_tflops:g} TFLOP/s" if spec.bf16_tflops is not None else "no bf16"
+        _line("spec", f"{spec.name}: peak HBM {spec.hbm_gbps:g} GB/s, bf16 {bf16}, "
+                      f"L2 {spec.l2_mb:g} MB")
+    copy = hardware.copy_bandwidth() / 1e9
+    share = f" ({100 * copy / spec.hbm_gbps:.0f} % of the spec's peak)" if spec else ""
+    _line("copy", f"{copy:.0f} GB/s measured{share}")
+
+
+def doctor() -> int:
+    """Print the environment report; return the exit status."""
+    print("Norm Kernels environment")
+    _line("course", course.__version__)
+    _line("Python", f"{platform.python_version()} ({sys.executable})")
+    _line("torch", torch.__version__ if torch is not None else f"BROKEN ({_TORCH_ERROR})")
+    _line("triton", triton.__version__ if triton is not None else f"BROKEN ({_TRITON_ERROR})")
+    for dist in OTHER_PACKAGES:
+        _line(dist, _installed_version(dist))
+
+    try:
+        if torch is None:
+            raise DoctorFailure(f"torch cannot be imported: {_TORCH_ERROR}")
+        _line("mode", course.banner())
+        if triton is None:
+            raise DoctorFailure(f"triton cannot be imported: {_TRITON_ERROR}")
+        _report_gpu()
+        run_tiny_kernel()
+    except DoctorFailure as failure:
+        print(f"FAILED: {failure}; {FIX_HINT}")
+        return 1
+    except Exception as exc:  # a crash is a finding, reported in one line
+        print(f"FAILED: {type(exc).__name__}: {exc}; {FIX_HINT}")
+        return 1
+    _line("test kernel", "a Triton row sum on a 4x33 tensor matches torch")
+    print("OK: the course is ready.")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="course", description="Norm Kernels: helpers for the course's learners.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("doctor", help="report the environment and run a tiny Triton kernel",
+                        description="Report versions and where kernels run, then run a tiny "
+                                    "Triton kernel; exit status 1 if anything is broken.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        return doctor()
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse refuses others
