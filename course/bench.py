@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from course import hardware, runtime
+
+import torch
 
 
 @dataclass(frozen=True)

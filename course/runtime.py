@@ -12,6 +12,7 @@ machine) or COURSE_DEVICE=cuda (fail loudly if no GPU is usable).
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -33,6 +34,15 @@ else:
     DEVICE = torch.device("cpu")
     # Before any @triton.jit runs (Triton reads it when a kernel is decorated).
     os.environ["TRITON_INTERPRET"] = "1"
+    # triton.language's own functions (tl.sum, ...) are decorated when it is imported: if
+    # that happened before this line, they were compiled-mode functions and every kernel
+    # that calls one fails inside the interpreter with a baffling message. Say so now.
+    _tl = sys.modules.get("triton.language")
+    if _tl is not None and type(getattr(_tl, "sum", None)).__name__ == "JITFunction":
+        raise ImportError(
+            "triton was imported before course. Without a GPU, course switches Triton to its "
+            "CPU interpreter, which only works if that happens before triton is imported: "
+            "restart the Python kernel and put `import course` first.")
 
 
 def on_gpu() -> bool:

@@ -32,9 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from course.hardware import GPUSpec
+
+import torch
 
 # FLOPs per element and per row, as counted in the module docstring.
 RMSNORM_FLOPS_PER_ELEMENT = 4   # square, accumulate, * rstd, * weight

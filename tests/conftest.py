@@ -3,10 +3,10 @@
 import sys
 from pathlib import Path
 
-import pytest
-
 import course  # noqa: F401  (the execution mode is chosen before any test defines a kernel)
 from course import runtime
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as rmsnorm_variants
 

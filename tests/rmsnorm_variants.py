@@ -6,11 +6,11 @@ Every wrapper has the exercise's signature: rmsnorm(x, weight, eps=1e-6) -> y.
 
 from __future__ import annotations
 
+import course  # noqa: F401  (sets the execution mode before any kernel is defined)
+
 import torch
 import triton
 import triton.language as tl
-
-import course  # noqa: F401  (sets the execution mode before any kernel is defined)
 
 
 @triton.jit

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from course import cli, runtime
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 

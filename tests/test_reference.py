@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
+from course import reference
+
 import pytest
 import torch
 import torch.nn.functional as F
-
-from course import reference
 
 F64 = torch.float64
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 from course import traffic
 from course.hardware import lookup
+
+import pytest
+import torch
 
 M, N = 16384, 4096
 MN = M * N

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from course import runtime
 from course.check.inputs import GuardedInput, guarded
+
+import torch
 
 # What each tag means, for people reading a report.
 TAGS = {

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from course import runtime
 from course.check.runner import CaseResult
+
+import torch
 
 _CALL_FINDINGS = {
     "no_launch": ("Your function launched no Triton kernel. The exercise is to compute the "

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, check_bandwidth
 from course.check.cases import Case
@@ -17,6 +15,8 @@ from course.check.compare import compare
 from course.check.report import Report
 from course.check.runner import Exercise
 from course.check.suite import check_and_raise
+
+import torch
 
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from course import runtime
 from course.check import sandbox
 from course.check.cases import Case
 from course.check.compare import Mismatch, compare
 from course.check.inputs import GuardedInput
+
+import torch
 
 Inputs = dict[str, GuardedInput]
 

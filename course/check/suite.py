@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from course.check.diagnose import advise
 from course.check.report import Report
 from course.check.runner import CaseResult, Exercise, fresh_seed, probe_caching, run_case
+
+import torch
 
 
 def run_exercise(exercise: Exercise, fn: Callable, *, seed: int | None = None) -> Report:
