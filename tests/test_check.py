@@ -3,15 +3,15 @@ fails with the message that names its own bug, and only that."""
 
 from __future__ import annotations
 
-import pytest
-import rmsnorm_variants as variants
-import torch
-
 from course import check, runtime
 from course.check import sandbox
 from course.check.rmsnorm import RMSNORM_FORWARD
 from course.check.suite import run_exercise
 from course.hardware import NeedsGPU
+
+import pytest
+import rmsnorm_variants as variants
+import torch
 
 # Phrases of other variants that legitimately appear too (no_triton really does compute
 # with PyTorch).
@@ -166,3 +166,17 @@ def test_gpu_low_precision_accumulation_is_caught_on_long_bf16_rows():
 def test_two_pass_kernel_is_correct_and_launches_once():
     report = check.rmsnorm_forward(variants.two_pass_slow, seed=5, quiet=True)
     assert report.passed and all(len(r.launches) == 1 for r in report.results)
+
+
+def test_a_row_scaled_by_a_wrong_rstd_is_caught_even_within_elementwise_tolerance():
+    from course.check.compare import compare
+
+    gen = torch.Generator().manual_seed(0)
+    want = torch.randn(4, 2048, generator=gen, dtype=torch.float64)
+    rounded = want.to(torch.float16)
+    assert compare("y", rounded, want, torch.float16) is None  # rounding alone passes
+    scaled = (want * 1.001).to(torch.float16)  # 0.1 %: inside fp16's elementwise tolerance
+    mismatch = compare("y", scaled, want, torch.float16)
+    assert mismatch is not None and mismatch.n_bad == 0
+    assert mismatch.bad_rows == (0, 1, 2, 3)
+    assert "off by a common factor" in mismatch.describe()
