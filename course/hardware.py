@@ -11,9 +11,9 @@ import functools
 import re
 from dataclasses import dataclass
 
-import torch
-
 from course import runtime
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -115,3 +115,55 @@ def copy_bandwidth(nbytes: int | None = None) -> float:
     if nbytes is None:
         nbytes = max(512 * 2**20, 8 * l2_bytes())
     return _copy_bandwidth(torch.cuda.current_device(), int(nbytes))
+
+
+@functools.cache
+def _broadcast_bandwidth(device_index: int, rows: int, cols: int) -> float:
+    from course import bench
+
+    a = torch.randn(rows, cols, device=f"cuda:{device_index}")
+    b = torch.randn(rows, 1, device=f"cuda:{device_index}")
+    out = torch.empty_like(a)
+    timing = bench.time_fn(lambda: torch.mul(a, b, out=out), warmup=5, reps=40)
+    return (a.numel() + out.numel()) * a.element_size() / timing.median_s
+
+
+def broadcast_bandwidth() -> float:
+    """Bytes per second of PyTorch's non-vectorised elementwise path, measured on a float32
+    multiply that broadcasts a column (the shape of `h * rstd` in eager RMSNorm).
+
+    PyTorch vectorises an elementwise kernel only when every operand is contiguous, of one
+    dtype and not broadcast; otherwise it falls back to a slower kernel, and eager
+    RMSNorm runs three of those. The traffic model uses this figure for them.
+    """
+    if not runtime.on_gpu():
+        raise NeedsGPU("broadcast_bandwidth() needs a GPU")
+    cols = 8192
+    rows = max(8192, 8 * l2_bytes() // (4 * cols))
+    return _broadcast_bandwidth(torch.cuda.current_device(), rows, cols)
+
+
+@functools.cache
+def _launch_overhead(device_index: int, kernels: int = 200) -> float:
+    from course import bench
+
+    # Replayed from a CUDA graph, so the CPU's launch cost (which Python makes large) is
+    # out of the picture: what is left is what each kernel costs the GPU itself.
+    tiny = torch.zeros(1, device=f"cuda:{device_index}")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        tiny.add_(1.0)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(kernels):
+            tiny.add_(1.0)
+    return bench.time_fn(graph.replay, warmup=3, reps=20).median_s / kernels
+
+
+def launch_overhead() -> float:
+    """Seconds each kernel in a back-to-back chain costs the GPU beyond its memory traffic
+    (start-up and drain of a tiny kernel), measured on the device."""
+    if not runtime.on_gpu():
+        raise NeedsGPU("launch_overhead() needs a GPU")
+    return _launch_overhead(torch.cuda.current_device())

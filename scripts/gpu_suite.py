@@ -1,0 +1,205 @@
+"""The GPU suite: GPU-only tests and the measurements quoted in docs/benchmarks.md, in one
+process tree, so that every figure comes from the same machine, the same run.
+
+    python scripts/gpu_suite.py [--out DIR]      (make bench-gpu)
+
+Writes DIR/gpu_suite.json (every number), DIR/gpu_suite.md (tables to paste into
+docs/benchmarks.md) and DIR/pytest.log. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import course  # noqa: E402
+from course import baselines, bench, check, hardware, reference, runtime, traffic  # noqa: E402
+from course.check.rmsnorm import RMSNORM_FORWARD  # noqa: E402
+from course.check.suite import run_exercise  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+EAGER_SHAPES = [(32768, 1024), (16384, 4096), (16384, 8192), (4096, 32768), (1024, 131072)]
+GPU_TEST_FILES = ["tests/test_check.py", "tests/test_reference.py", "tests/test_traffic.py",
+                  "tests/test_cli.py"]
+
+
+def header() -> dict:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    return {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+            "nvidia_smi": smi, "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "python": sys.version.split()[0]}
+
+
+def run_pytest(out: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           *GPU_TEST_FILES], cwd=ROOT, env=env, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    (out / "pytest.log").write_text(log)
+    summary = [line for line in log.splitlines() if " passed" in line or " failed" in line]
+    print(log[-3000:])
+    return {"returncode": proc.returncode, "summary": summary[-1] if summary else log[-500:]}
+
+
+def eager_model(copy_bw: float, bcast_bw: float, launch_s: float) -> list[dict]:
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for m, n in EAGER_SHAPES:
+            model = traffic.eager_rmsnorm(m, n, dtype)
+            ideal = traffic.fused_rmsnorm(m, n, dtype)
+
+            def make_args(m=m, n=n, dtype=dtype):
+                return (torch.randn(m, n, device="cuda", dtype=dtype),
+                        torch.rand(n, device="cuda", dtype=dtype) + 0.5)
+
+            measured = bench.time_rotating(baselines.eager_rmsnorm, make_args, ideal.bytes,
+                                           warmup=5, reps=30).median_s
+            predicted = model.predicted_time(copy_bw, bcast_bw, launch_s)
+            rows.append({
+                "M": m, "N": n, "dtype": str(dtype).replace("torch.", ""),
+                "model_bytes": model.bytes, "ideal_bytes": ideal.bytes,
+                "bytes_vs_ideal": model.bytes / ideal.bytes, "launches": model.launches,
+                "predicted_us": predicted * 1e6, "measured_us": measured * 1e6,
+                "predicted_over_measured": predicted / measured,
+                "fraction_of_copy": ideal.bytes / measured / copy_bw,
+            })
+            r = rows[-1]
+            print(f"eager {r['dtype']} {m}x{n}: {r['measured_us']:.0f} us measured, "
+                  f"{r['predicted_us']:.0f} us predicted ({r['predicted_over_measured']:.3f}), "
+                  f"{100 * r['fraction_of_copy']:.1f} % of copy")
+    return rows
+
+
+def checker_gpu_path() -> dict:
+    import rmsnorm_variants as variants
+
+    result: dict = {}
+    report = check.rmsnorm_forward(variants.correct, seed=2026, quiet=True)
+    result["correct_report"] = report.summary()
+    print(report.summary())
+    verdicts = {}
+    for name, (fn, phrase) in variants.BROKEN.items():
+        r = run_exercise(RMSNORM_FORWARD, fn, seed=2026)
+        text = r.message() if not r.passed else ""
+        verdicts[name] = {"passed": r.passed, "phrase_found": phrase in text,
+                          "first_advice": r.advice[0].splitlines()[0] if r.advice else ""}
+        print(f"broken {name}: {'PASSED (bad)' if r.passed else 'rejected'}; "
+              f"{verdicts[name]['first_advice']}")
+    result["broken"] = verdicts
+
+    # What poisoning protects against: on a GPU the caching allocator hands the freed block
+    # of a correct answer to the next allocation of the same size, contents intact.
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    y = variants.correct(x, w)
+    del y
+    stale = variants.stale_memory(x, w)
+    want = reference.rmsnorm(x, w, eps=1e-6)
+    looks_right = bool(((stale.double() - want).abs() <= 2e-2 + 2e-2 * want.abs()).all())
+    result["stale_kernel_looks_right_without_poison"] = looks_right
+    print(f"no-op kernel after a correct call, no poisoning: looks right = {looks_right}")
+
+    bw = check.rmsnorm_forward_bandwidth(variants.correct, target=0.75)
+    result["bandwidth_correct"] = str(bw)
+    result["bandwidth_correct_fraction"] = bw.best.fraction_of_copy
+    print("bandwidth, fused kernel:", bw)
+    try:
+        check.rmsnorm_forward_bandwidth(variants.two_pass_slow, target=0.75, retries=2)
+        result["bandwidth_slow"] = "PASSED (unexpected)"
+    except AssertionError as exc:
+        result["bandwidth_slow"] = str(exc)
+    print("bandwidth, slow two-pass kernel:", result["bandwidth_slow"])
+    low = run_exercise(RMSNORM_FORWARD, variants.low_precision_accumulation, seed=2026)
+    result["low_precision_failing_cases"] = [r.case.label() for r in low.results if not r.passed]
+    result["low_precision_advice"] = low.advice[0] if low.advice else ""
+    print("bf16 accumulation on the GPU fails:", result["low_precision_failing_cases"])
+    print(result["low_precision_advice"])
+    return result
+
+
+def accumulation_precision() -> list[dict]:
+    """How far a kernel that sums squares in the input's dtype drifts from float32 statistics,
+    as rows grow: worst elementwise relative error, and worst per-row scale error."""
+    import rmsnorm_variants as variants
+
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for n in (1024, 8192, 65536):
+            gen = torch.Generator().manual_seed(n)
+            x = (torch.randn(64, n, generator=gen) * 0.5 + 1.0).to(dtype).cuda()
+            w = (torch.rand(n, generator=gen) + 0.5).to(dtype).cuda()
+            want = reference.rmsnorm(x, w, eps=1e-6)
+            for name, fn in (("float32 statistics", variants.correct),
+                             ("input-dtype statistics", variants.low_precision_accumulation)):
+                got = fn(x, w).double()
+                rel = ((got - want).abs() / want.abs().clamp_min(1e-3)).max().item()
+                scale = ((got * want).sum(1) / (want * want).sum(1) - 1).abs().max().item()
+                rows.append({"dtype": str(dtype).replace("torch.", ""), "N": n, "kernel": name,
+                             "max_rel_err": rel, "max_row_scale_err": scale})
+                print(f"accumulation {rows[-1]}")
+    return rows
+
+
+def markdown(data: dict) -> str:
+    h = data["header"]
+    lines = [f"Run: {h['date']}, {h['gpu']} (driver {h['nvidia_smi'].split(',')[-1].strip()}), "
+             f"torch {h['torch']}, triton {h['triton']}, CUDA {h['cuda']}, Python {h['python']}.",
+             "", f"- copy bandwidth: {data['copy_gbps']:.0f} GB/s",
+             f"- PyTorch broadcast (non-vectorised) elementwise: {data['broadcast_gbps']:.0f} GB/s",
+             f"- one tiny kernel back to back: {data['launch_us']:.2f} us", "",
+             "| dtype | M x N | launches | bytes / ideal | predicted (us) | measured (us) "
+             "| predicted / measured | % of copy |", "|---|---|---|---|---|---|---|---|"]
+    for r in data["eager"]:
+        lines.append(f"| {r['dtype']} | {r['M']} x {r['N']} | {r['launches']} | "
+                     f"{r['bytes_vs_ideal']:.2f} | {r['predicted_us']:.0f} | "
+                     f"{r['measured_us']:.0f} | {r['predicted_over_measured']:.3f} | "
+                     f"{100 * r['fraction_of_copy']:.1f} |")
+    lines += ["", "| dtype | N | statistics | max elementwise rel. error | max row scale error |",
+              "|---|---|---|---|---|"]
+    for r in data["accumulation"]:
+        lines.append(f"| {r['dtype']} | {r['N']} | {r['kernel']} | {r['max_rel_err']:.2e} | "
+                     f"{r['max_row_scale_err']:.2e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench-results")))
+    args = parser.parse_args()
+    if not runtime.on_gpu():
+        print("gpu_suite.py needs a CUDA GPU:", course.banner())
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data: dict = {"header": header()}
+    print(data["header"])
+    data["pytest"] = run_pytest(out)
+    copy_bw = hardware.copy_bandwidth()
+    bcast_bw = hardware.broadcast_bandwidth()
+    launch_s = hardware.launch_overhead()
+    data.update(copy_gbps=copy_bw / 1e9, broadcast_gbps=bcast_bw / 1e9, launch_us=launch_s * 1e6)
+    print(f"copy {copy_bw / 1e9:.0f} GB/s, broadcast {bcast_bw / 1e9:.0f} GB/s, "
+          f"launch {launch_s * 1e6:.2f} us")
+    data["eager"] = eager_model(copy_bw, bcast_bw, launch_s)
+    data["accumulation"] = accumulation_precision()
+    data["checker"] = checker_gpu_path()
+    (out / "gpu_suite.json").write_text(json.dumps(data, indent=2))
+    (out / "gpu_suite.md").write_text(markdown(data))
+    print(markdown(data))
+    return 0 if data["pytest"]["returncode"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
