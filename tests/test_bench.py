@@ -1,0 +1,61 @@
+"""Timing and bandwidth bookkeeping (the numbers themselves only mean something on a GPU)."""
+
+from __future__ import annotations
+
+from course import bench, runtime
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+
+def test_time_fn_times_every_repetition_after_warmup():
+    calls = []
+    timing = bench.time_fn(lambda: calls.append(1), warmup=3, reps=7)
+    assert len(calls) == 10 and len(timing.times_s) == 7
+    assert timing.min_s <= timing.median_s <= timing.quantile_s(0.99)
+
+
+def test_time_fn_refuses_zero_reps():
+    with pytest.raises(ValueError, match="reps must be at least 1"):
+        bench.time_fn(lambda: None, reps=0)
+
+
+def test_rotating_inputs_are_distinct_copies_used_in_turn():
+    made, seen = [], []
+
+    def make_args():
+        made.append(len(made))
+        return (made[-1],)
+
+    bench.time_rotating(seen.append, make_args, bytes_per_call=1 << 20, warmup=0, reps=6)
+    assert len(made) == bench.copies_needed(1 << 20) >= 2
+    assert seen[:2] == [0, 1] and len(set(seen)) == len(made)
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="without a GPU there is no L2 to outrun")
+def test_without_a_gpu_two_copies_suffice_and_no_fraction_is_claimed():
+    assert bench.copies_needed(10) == 2
+    m = bench.measure("noop", lambda x: None, lambda: (0,), nbytes=1000, warmup=0, reps=3)
+    assert m.fraction_of_copy is None and "% of copy" not in str(m)
+
+
+def test_measurement_converts_time_and_bytes_into_bandwidth():
+    m = bench.Measurement("k", seconds=1e-3, nbytes=2_000_000_000, copy_bytes_per_s=4e12)
+    assert m.gbps == pytest.approx(2000)
+    assert m.fraction_of_copy == pytest.approx(0.5)
+    assert "50.0 % of copy bandwidth" in str(m)
+
+
+def test_sweep_flattens_and_plot_draws_one_line_per_label():
+    def run_point(n):
+        return [bench.Measurement("ours", 1e-3, n * 1000, 1e10, {"N": n}),
+                bench.Measurement("eager", 2e-3, n * 1000, 1e10, {"N": n})]
+
+    ms = bench.sweep([256, 1024, 4096], run_point, desc="test")
+    assert len(ms) == 6
+    ax = bench.plot_fraction_of_copy(ms)
+    lines = {line.get_label(): line.get_ydata().tolist() for line in ax.get_lines()}
+    assert lines["ours"] == pytest.approx([2.56, 10.24, 40.96])
+    assert lines["eager"] == pytest.approx([1.28, 5.12, 20.48])
