@@ -217,6 +217,17 @@ def ignores_eps(x, weight, eps=1e-6):
     return _launch(rmsnorm_kernel, x, weight, 1e-6).view(x.shape)
 
 
+def numpy_behind_a_dummy_launch(x, weight, eps=1e-6):
+    # Launches a kernel that does nothing useful; the answer is computed with NumPy, which
+    # no torch op interception sees.
+    scratch = torch.empty_like(x)
+    _launch(_does_nothing_kernel, x, weight, eps, y=scratch.reshape(-1, x.shape[-1]))
+    xs = x.detach().cpu().float().numpy()
+    ws = weight.detach().cpu().float().numpy()
+    ys = xs / ((xs * xs).mean(-1, keepdims=True) + eps) ** 0.5 * ws
+    return torch.from_numpy(ys).to(device=x.device, dtype=x.dtype)
+
+
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "missing_mask": (missing_mask, "not masked"),
@@ -231,4 +242,5 @@ BROKEN = {
     "caches_results": (caches_results, "returned the first call's result"),
     "fixed_block": (fixed_block, "never written"),
     "ignores_eps": (ignores_eps, "non-default eps"),
+    "numpy_behind_a_dummy_launch": (numpy_behind_a_dummy_launch, "never passed to your kernel"),
 }

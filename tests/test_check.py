@@ -13,9 +13,10 @@ import pytest
 import rmsnorm_variants as variants
 import torch
 
-# Phrases of other variants that legitimately appear too (no_triton really does compute
-# with PyTorch).
-ALSO_TRUE = {"no_triton": {"torch_ops_in_wrapper"}}
+# Phrases of other variants that legitimately appear too: no_triton really does compute
+# with PyTorch, and torch_ops_in_wrapper really returns a tensor its kernel never saw.
+ALSO_TRUE = {"no_triton": {"torch_ops_in_wrapper"},
+             "torch_ops_in_wrapper": {"numpy_behind_a_dummy_launch"}}
 
 
 def test_correct_kernel_passes_every_case():

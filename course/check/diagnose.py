@@ -20,6 +20,9 @@ _CALL_FINDINGS = {
     "torch_ops": ("Your wrapper computes with PyTorch instead of (or as well as) your kernel. "
                   "Only allocation (torch.empty_like), views and your kernel launch belong in the "
                   "wrapper; move the arithmetic into the kernel."),
+    "output_not_from_kernel": ("The tensor you return was never passed to your kernel, so "
+                               "your kernel did not compute it. Allocate the output with "
+                               "torch.empty_like(x), pass it to the kernel, and return it."),
     "extra_launches": ("Your function launches more kernels than the exercise allows: a fused "
                        "kernel does all the work in one launch."),
     "input_written": ("Your kernel writes into an input. Store to the output pointer (y_ptr), "

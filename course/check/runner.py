@@ -144,6 +144,13 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator)
                                 f"wrote {before + after} element(s) outside a tensor it allocated "
                                 f"(shape {alloc.view_shape}), {where}"))
 
+    for name, out in zip(exercise.output_names, outputs, strict=True):
+        if (record.launches and isinstance(out, torch.Tensor)
+                and out.untyped_storage().data_ptr() not in record.launched_storages):
+            findings.append(Finding("output_not_from_kernel",
+                                    f"returned `{name}` in a tensor that was never passed to "
+                                    "a Triton kernel"))
+
     expected = exercise.expected(originals, case)
     mismatches = []
     for name, got, want, dtype in zip(exercise.output_names, outputs, expected,

@@ -123,6 +123,7 @@ class CallRecord:
     """What one call did."""
 
     launches: list[str] = field(default_factory=list)
+    launched_storages: set[int] = field(default_factory=set)  # storages passed to kernels
     forbidden_ops: list[OpUse] = field(default_factory=list)
     copies: list[OpUse] = field(default_factory=list)
     allocations: list[PoisonedAllocation] = field(default_factory=list)
@@ -194,6 +195,9 @@ def _count_launches(record: CallRecord) -> Iterator[None]:
 
         def launch(*args, **kwargs):
             record.launches.append(_kernel_name(self))
+            for arg in (*args, *kwargs.values()):
+                if isinstance(arg, torch.Tensor):
+                    record.launched_storages.add(arg.untyped_storage().data_ptr())
             record._in_launch += 1
             try:
                 return launcher(*args, **kwargs)
