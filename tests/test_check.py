@@ -117,6 +117,17 @@ def test_an_exception_in_the_learners_code_is_reported_not_raised_raw():
         check.rmsnorm_forward(broken, seed=0, quiet=True)
 
 
+def test_an_assert_in_the_learners_wrapper_is_reported_with_the_case():
+    def strict(x, weight, eps=1e-6):
+        assert x.is_contiguous(), "I only handle contiguous rows"
+        return variants.correct(x, weight, eps)
+
+    report = run_exercise(RMSNORM_FORWARD, strict, seed=0)
+    failing = [r for r in report.results if not r.passed]
+    assert [r.case.name for r in failing] == ["strided rows"]
+    assert "I only handle contiguous rows" in failing[0].error
+
+
 def test_wrong_output_shape_and_dtype_are_named():
     def wrong_dtype(x, weight, eps=1e-6):
         return variants.correct(x.float(), weight.float(), eps)

@@ -95,31 +95,16 @@ def _normalise_outputs(out: object, n: int, signature: str) -> tuple[torch.Tenso
     return tuple(outs)
 
 
-def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator) -> CaseResult:
-    inputs = exercise.make_inputs(case, gen)
-    views = {name: g.tensor for name, g in inputs.items()}
-    originals = {name: v.clone() for name, v in views.items()}  # in case the call writes them
-    runtime.synchronize()
-    try:
-        with sandbox.watch() as record:
-            raw = exercise.call(fn, views, case)
-        runtime.synchronize()  # asynchronous GPU faults surface here, inside the try
-        outputs = _normalise_outputs(raw, len(exercise.output_names), exercise.signature)
-    except AssertionError:
-        raise
-    except Exception as exc:  # the learner's code: any failure becomes a report line
-        text, fatal = _explain(exc)
-        return CaseResult(case, error=text, fatal=fatal)
-
+def _launch_findings(record: sandbox.CallRecord, max_launches: int) -> list[Finding]:
     findings = []
     if not record.launches:
         findings.append(Finding("no_launch", "returned a result without launching any Triton "
                                 "kernel"))
-    elif len(record.launches) > exercise.max_launches:
+    elif len(record.launches) > max_launches:
         findings.append(Finding(
             "extra_launches",
             f"launched {len(record.launches)} Triton kernels ({', '.join(record.launches)}); "
-            f"this exercise allows {exercise.max_launches}"))
+            f"this exercise allows {max_launches}"))
     if record.forbidden_ops:
         by_site: dict[str, list[str]] = {}
         for use in record.forbidden_ops:
@@ -128,6 +113,11 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator)
                 ops.append(use.op)
         where = "; ".join(f"{', '.join(ops)} at {site}" for site, ops in by_site.items())
         findings.append(Finding("torch_ops", f"ran PyTorch compute ops: {where}"))
+    return findings
+
+
+def _memory_findings(record: sandbox.CallRecord, inputs: Inputs) -> list[Finding]:
+    findings = []
     for name, g in inputs.items():
         inside, outside = g.written_inside(), g.written_outside()
         if inside:
@@ -143,13 +133,38 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator)
         findings.append(Finding("output_margin_written",
                                 f"wrote {before + after} element(s) outside a tensor it allocated "
                                 f"(shape {alloc.view_shape}), {where}"))
+    return findings
 
-    for name, out in zip(exercise.output_names, outputs, strict=True):
-        if (record.launches and isinstance(out, torch.Tensor)
-                and out.untyped_storage().data_ptr() not in record.launched_storages):
-            findings.append(Finding("output_not_from_kernel",
-                                    f"returned `{name}` in a tensor that was never passed to "
-                                    "a Triton kernel"))
+
+def _provenance_findings(record: sandbox.CallRecord, names: tuple[str, ...],
+                         outputs: tuple[torch.Tensor, ...]) -> list[Finding]:
+    """An output the kernel never received was computed some other way (NumPy, say)."""
+    if not record.launches:
+        return []  # already reported as no launch at all
+    return [Finding("output_not_from_kernel",
+                    f"returned `{name}` in a tensor that was never passed to a Triton kernel")
+            for name, out in zip(names, outputs, strict=True)
+            if isinstance(out, torch.Tensor)
+            and out.untyped_storage().data_ptr() not in record.launched_storages]
+
+
+def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator) -> CaseResult:
+    inputs = exercise.make_inputs(case, gen)
+    views = {name: g.tensor for name, g in inputs.items()}
+    originals = {name: v.clone() for name, v in views.items()}  # in case the call writes them
+    runtime.synchronize()
+    try:
+        with sandbox.watch() as record:
+            raw = exercise.call(fn, views, case)
+        runtime.synchronize()  # asynchronous GPU faults surface here, inside the try
+    except Exception as exc:  # the learner's code (its own asserts too) becomes a report line
+        text, fatal = _explain(exc)
+        return CaseResult(case, error=text, fatal=fatal)
+    outputs = _normalise_outputs(raw, len(exercise.output_names), exercise.signature)
+
+    findings = (_launch_findings(record, exercise.max_launches)
+                + _memory_findings(record, inputs)
+                + _provenance_findings(record, exercise.output_names, outputs))
 
     expected = exercise.expected(originals, case)
     mismatches = []
