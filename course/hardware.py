@@ -43,6 +43,8 @@ class GPUSpec:
 
 
 # Order matters: the first pattern that matches wins, so specific names come first.
+# L2 sizes are for display; sources disagree for the B200, and anything that depends on
+# L2 (input rotation in course.bench) asks the driver instead (l2_bytes()).
 SPECS: tuple[GPUSpec, ...] = (
     GPUSpec("B200", 8000, 2250, 2250, 80, 126, 180, r"B200"),
     GPUSpec("H200", 4800, 989, 989, 67, 50, 141, r"H200"),

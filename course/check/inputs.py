@@ -22,26 +22,15 @@ class GuardedInput:
     tensor: torch.Tensor   # the view handed to the learner
     snapshot: torch.Tensor  # bytes of `buffer` before the call
 
-    def changed(self) -> torch.Tensor:
-        """Byte-level mask of the buffer's elements that differ from the snapshot."""
+    def writes(self) -> tuple[int, int]:
+        """How many elements the call changed (inside the tensor, outside it in the margins
+        and row padding), compared byte for byte with the snapshot."""
         now = self.buffer.view(torch.uint8).reshape(self.buffer.numel(), -1)
         before = self.snapshot.reshape(self.buffer.numel(), -1)
-        return (now != before).any(dim=1)
-
-    def written_inside(self) -> int:
-        """Elements of the tensor itself that the call changed."""
-        changed = self.changed()
-        inside = torch.zeros_like(changed)
-        inside_idx = _element_indices(self.tensor, self.buffer)
-        inside[inside_idx] = True
-        return int((changed & inside).sum())
-
-    def written_outside(self) -> int:
-        """Elements of the margins and row padding that the call changed."""
-        changed = self.changed()
+        changed = (now != before).any(dim=1)
         inside = torch.zeros_like(changed)
         inside[_element_indices(self.tensor, self.buffer)] = True
-        return int((changed & ~inside).sum())
+        return int((changed & inside).sum()), int((changed & ~inside).sum())
 
 
 def _element_indices(view: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:

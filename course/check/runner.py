@@ -119,7 +119,7 @@ def _launch_findings(record: sandbox.CallRecord, max_launches: int) -> list[Find
 def _memory_findings(record: sandbox.CallRecord, inputs: Inputs) -> list[Finding]:
     findings = []
     for name, g in inputs.items():
-        inside, outside = g.written_inside(), g.written_outside()
+        inside, outside = g.writes()
         if inside:
             findings.append(Finding("input_written",
                                     f"changed {inside} element(s) of the input `{name}`"))
