@@ -61,7 +61,9 @@ def _learner_site() -> str:
         if any(s in path for s in _SKIP_FRAMES) or Path(path).resolve().parent == _HERE:
             continue
         code = f": {frame.line.strip()}" if frame.line else ""
-        return f"{Path(path).name}, line {frame.lineno}{code}"
+        # Jupyter compiles each cell to a temporary file named after a hash.
+        place = "a notebook cell" if "ipykernel_" in path else Path(path).name
+        return f"{place}, line {frame.lineno}{code}"
     return "unknown location"
 
 
