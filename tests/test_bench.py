@@ -31,7 +31,7 @@ def test_rotating_inputs_are_distinct_copies_used_in_turn():
 
     bench.time_rotating(seen.append, make_args, bytes_per_call=1 << 20, warmup=0, reps=6)
     assert len(made) == bench.copies_needed(1 << 20) >= 2
-    assert seen[:2] == [0, 1] and len(set(seen)) == len(made)
+    assert seen[:2] == [0, 1] and len(set(seen)) == min(6, len(made))
 
 
 @pytest.mark.skipif(runtime.on_gpu(), reason="without a GPU there is no L2 to outrun")
