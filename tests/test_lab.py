@@ -18,9 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 90
 
-# The Makefile's lab recipe takes no extra arguments, so the test configures Jupyter through
-# its config directory: no browser, no token, loopback only, fail rather than move port,
-# and run as root where the test does (containers, CI).
+# The test runs the recipe exactly as a learner does (no LAB_ARGS) and configures Jupyter
+# through its config directory instead: no browser, no token, loopback only, fail rather
+# than move port, and run as root where the test does (containers, CI).
 SERVER_CONFIG = {
     "ServerApp": {"open_browser": False, "ip": "127.0.0.1", "port_retries": 0,
                   "allow_root": hasattr(os, "geteuid") and os.geteuid() == 0},
