@@ -10,22 +10,12 @@ from course.check.inputs import GuardedInput, guarded
 
 import torch
 
-# What each tag means, for people reading a report.
-TAGS = {
-    "pow2": "N is a power of two (no mask needed)",
-    "odd_n": "N is not a power of two (needs a mask)",
-    "edge": "a degenerate size (N = 1 or M = 1)",
-    "wide": "N larger than any fixed block size",
-    "strided": "rows are not contiguous (row stride > N)",
-    "nd": "3-D input, normalised over the last dimension",
-    "half": "16-bit input",
-    "bf16": "bfloat16 input",
-    "magnitude": "large values that overflow 16-bit arithmetic",
-    "long": "long rows that expose low-precision accumulation",
-    "zeros": "rows of zeros",
-    "eps": "a non-default eps that changes the result",
-    "mean": "rows with a large mean (exposes cancellation)",
-}
+# Tags say what a case probes; course.check.diagnose reads the pattern of passes and
+# failures across them: pow2 / odd_n (N a power of two or not: masks), edge (N = 1 or
+# M = 1), wide (N beyond any fixed block), strided (row stride > N), nd (3-D input), half
+# and bf16 (16-bit inputs), magnitude (values whose square overflows float16), long (rows
+# that expose low-precision accumulation), zeros (all-zero rows), eps (a non-default eps
+# that matters), mean (a large row mean: cancellation in LayerNorm).
 
 
 @dataclass(frozen=True)
