@@ -7,6 +7,7 @@ over the last dimension of an input of any shape, y in x's dtype.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, check_bandwidth
@@ -80,7 +81,6 @@ def rmsnorm_forward(fn: Callable, *, seed: int | None = None, max_launches: int 
     with advice on failure, return the report (printed unless quiet) on success."""
     exercise = RMSNORM_FORWARD
     if max_launches != exercise.max_launches:
-        from dataclasses import replace
         exercise = replace(exercise, max_launches=max_launches)
     return check_and_raise(exercise, fn, seed=seed, quiet=quiet)
 
