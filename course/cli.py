@@ -2,6 +2,8 @@
 
     course doctor    what is installed, where kernels will run, and a tiny Triton kernel
                      run end to end; exit status 0 when everything works, 1 otherwise.
+    course bench     the reference kernels against PyTorch eager, torch.compile, Liger and
+                     Quack (where installed), on the GPU in hand: table, CSV, JSON, plot.
 """
 
 from __future__ import annotations
@@ -134,11 +136,53 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("doctor", help="report the environment and run a tiny Triton kernel",
                         description="Report versions and where kernels run, then run a tiny "
                                     "Triton kernel; exit status 1 if anything is broken.")
+    from course import peers
+
+    bench = commands.add_parser(
+        "bench", help="measure the reference kernels against the peers (needs a GPU)",
+        description="Check every implementation against the float64 reference, then time it "
+                    "and report GB/s and %% of the copy bandwidth measured in the same run.")
+    bench.add_argument("--ops", default=",".join(peers.OPS),
+                       help="comma-separated, from: " + ", ".join(peers.OPS))
+    bench.add_argument("--dtypes", default="bfloat16,float16,float32",
+                       help="bfloat16 runs every shape; float16 and float32 a subset")
+    bench.add_argument("--impls", default="", help="only these implementations (names as "
+                                                   "in the table), comma-separated")
+    bench.add_argument("--reps", type=int, default=50)
+    bench.add_argument("--out", default="bench-results", help="folder for CSV, JSON and plot")
     return parser
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from course import hardware, peers, shootout
+
+    ops = _split(args.ops)
+    unknown = [op for op in ops if op not in peers.OPS]
+    bad_dtypes = [d for d in _split(args.dtypes) if d not in shootout.DTYPES]
+    if unknown or bad_dtypes:
+        print(f"unknown op(s) {unknown} or dtype(s) {bad_dtypes}; ops: {', '.join(peers.OPS)};"
+              f" dtypes: {', '.join(shootout.DTYPES)}")
+        return 2
+    try:
+        shootout.run(ops, _split(args.dtypes), Path(args.out), impls=_split(args.impls) or None,
+                     reps=args.reps)
+    except hardware.NeedsGPU as exc:
+        print(f"course bench: {exc}")
+        return 1
+    print(f"wrote {args.out}/bench.csv, bench.json and bench.png")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
         return doctor()
+    if args.command == "bench":
+        return bench(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse refuses others

@@ -32,7 +32,8 @@ import triton  # noqa: E402
 EAGER_SHAPES = [(32768, 1024), (16384, 4096), (16384, 8192), (4096, 32768), (1024, 131072)]
 # Everything but what needs the Jupyter stack (absent from the GPU image) or a fresh venv.
 GPU_TEST_FILES = ["tests/test_check.py", "tests/test_reference.py", "tests/test_traffic.py",
-                  "tests/test_cli.py", "tests/test_runtime.py", "tests/test_bench.py"]
+                  "tests/test_cli.py", "tests/test_runtime.py", "tests/test_bench.py",
+                  "tests/test_solution_kernels.py"]
 
 
 def header() -> dict:
@@ -188,6 +189,9 @@ def markdown(data: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench-results")))
+    parser.add_argument("--bench", default="", help="also run `course bench` for these ops "
+                        "(comma-separated, or 'all') after the suite, into the same folder")
+    parser.add_argument("--bench-dtypes", default="bfloat16,float16,float32")
     args = parser.parse_args()
     if not runtime.on_gpu():
         print("gpu_suite.py needs a CUDA GPU:", course.banner())
@@ -209,6 +213,11 @@ def main() -> int:
     (out / "gpu_suite.json").write_text(json.dumps(data, indent=2))
     (out / "gpu_suite.md").write_text(markdown(data))
     print(markdown(data))
+    if args.bench:
+        from course import peers, shootout
+
+        ops = peers.OPS if args.bench == "all" else args.bench.split(",")
+        shootout.run(ops, args.bench_dtypes.split(","), out)
     return 0 if data["pytest"]["returncode"] == 0 else 1
 
 

@@ -1,0 +1,250 @@
+"""`course bench`: the reference kernels against every peer, measured in one run.
+
+For each op and shape: build inputs, check each implementation's result against the float64
+reference (`course.reference`), and time only those that pass, as GPU time on rotating
+inputs (`course.bench`, launch overhead hidden for everyone alike). Bandwidth counts the
+ideal bytes of the op (`course.traffic`), so every implementation is charged the same bytes
+and a faster one is simply one that wastes less time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from course import bench, hardware, peers, reference, runtime, traffic
+from course.check.compare import TOLERANCES, compare
+
+import torch
+
+SHAPES = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096),
+          (16384, 8192), (8192, 16384), (4096, 32768), (2048, 65536), (1024, 131072),
+          (512, 262144))
+# float16 and float32 on a subset: short, medium and long rows
+SUBSET = ((32768, 512), (32768, 4096), (4096, 32768))
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class Row:
+    op: str
+    impl: str
+    dtype: str
+    M: int
+    N: int
+    ideal_bytes: int
+    status: str                  # "ok", "wrong: ...", "unavailable: ...", "error: ..."
+    seconds: float | None = None
+    gbps: float | None = None
+    fraction_of_copy: float | None = None
+
+
+def ideal_bytes(op: str, M: int, N: int, dtype: torch.dtype) -> int:
+    if op == "rmsnorm_fwd":
+        return traffic.fused_rmsnorm(M, N, dtype).bytes
+    if op == "layernorm_fwd":
+        return traffic.layernorm(M, N, dtype, save_stats=False).bytes
+    if op == "add_rmsnorm_fwd":
+        return traffic.fused_add_rmsnorm(M, N, dtype).bytes
+    if op == "rmsnorm_bwd":
+        return traffic.ideal_backward_bytes(M, N, dtype)
+    if op == "layernorm_bwd":
+        return traffic.ideal_backward_bytes(M, N, dtype, with_bias=True)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def make_inputs(op: str, M: int, N: int, dtype: torch.dtype, seed: int = 0) -> peers.Inputs:
+    gen = torch.Generator(device=runtime.DEVICE).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=runtime.DEVICE).to(dtype)
+
+    t = {"x": randn(M, N), "weight": (torch.rand(N, generator=gen, device=runtime.DEVICE)
+                                      + 0.5).to(dtype)}
+    if op.startswith("layernorm"):
+        t["x"] = t["x"] + 3.0  # a mean well away from zero
+        t["bias"] = randn(N)
+    if op == "add_rmsnorm_fwd":
+        t["residual"] = randn(M, N)
+    if op.endswith("_bwd"):
+        t["dy"] = randn(M, N)
+    return t
+
+
+def expected(op: str, t: peers.Inputs, eps: float) -> tuple[torch.Tensor, ...]:
+    x, w = t["x"], t["weight"]
+    if op == "rmsnorm_fwd":
+        return (reference.rmsnorm(x, w, eps),)
+    if op == "layernorm_fwd":
+        return (reference.layernorm(x, w, t["bias"], eps),)
+    if op == "add_rmsnorm_fwd":
+        return reference.add_rmsnorm(x, t["residual"], w, eps)
+    if op == "rmsnorm_bwd":
+        return reference.rmsnorm_backward(x, w, t["dy"], eps)
+    return reference.layernorm_backward(x, w, t["bias"], t["dy"], eps)
+
+
+def _first_mismatch(op: str, got, want: Sequence[torch.Tensor], dtype: torch.dtype) -> str | None:
+    got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+    if len(got) != len(want):
+        return f"returned {len(got)} tensors, expected {len(want)}"
+    names = {"rmsnorm_bwd": ("dx", "dw"), "layernorm_bwd": ("dx", "dw", "db"),
+             "add_rmsnorm_fwd": ("y", "residual")}.get(op, ("y",))
+    for name, g, w in zip(names, got, want, strict=True):
+        if name in ("dw", "db"):
+            problem = column_sum_error(name, g, w, g.dtype)
+            if problem:
+                return problem
+            continue
+        mismatch = compare(name, g, w, dtype if g.dtype == dtype else g.dtype)
+        if mismatch is not None:
+            return mismatch.describe().splitlines()[0]
+    return None
+
+
+def column_sum_error(name: str, got: torch.Tensor, want: torch.Tensor,
+                     dtype: torch.dtype) -> str | None:
+    """dW and dB are sums over every row: entries near zero come from large terms that
+    cancel, so their error is judged against the vector's largest entry, not their own."""
+    if got.shape != want.shape:
+        return f"{name} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    _, rtol = TOLERANCES[dtype]
+    err = (got.double() - want).abs().max().item()
+    scale = want.abs().max().item()
+    if not err <= rtol * scale + 1e-6:  # also catches NaN
+        return f"{name}: max error {err:.3g} against a largest entry of {scale:.3g}"
+    return None
+
+
+def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[str] | None,
+              reps: int, copy: float, eps: float = 1e-6) -> list[Row]:
+    nbytes = ideal_bytes(op, M, N, dtype)
+    inputs = make_inputs(op, M, N, dtype)
+    want = expected(op, inputs, eps)
+    dname = str(dtype).replace("torch.", "")
+    rows = []
+    for impl in peers.implementations(op):
+        if impls and impl.name not in impls:
+            continue
+        row = Row(op, impl.name, dname, M, N, nbytes, "ok")
+        try:
+            call = impl.prepare(inputs, eps)
+            problem = _first_mismatch(op, call(), want, dtype)
+            if problem:
+                row.status = f"wrong: {problem}"
+            else:
+                copies = [impl.prepare(make_inputs(op, M, N, dtype, seed=s + 1), eps)
+                          for s in range(bench.copies_needed(nbytes) - 1)] + [call]
+                current = [call]
+
+                def pick(i, copies=copies, current=current):
+                    current[0] = copies[i % len(copies)]
+                timing = bench.time_fn(lambda current=current: current[0](), warmup=5,
+                                       reps=reps, before_each=pick, hide_launch=True)
+                row.seconds = timing.median_s
+                row.gbps = nbytes / timing.median_s / 1e9
+                row.fraction_of_copy = nbytes / timing.median_s / copy
+                del copies, current
+        except peers.Unavailable as exc:
+            row.status = f"unavailable: {exc}"
+        except Exception as exc:  # a peer that crashes on a shape is a result, not a stop
+            row.status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def environment() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    return {"date": time.strftime("%Y-%m-%d"), "gpu": props.name,
+            "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version()}
+
+
+def format_table(rows: Sequence[Row], op: str, dtype: str) -> str:
+    sel = [r for r in rows if r.op == op and r.dtype == dtype]
+    names = list(dict.fromkeys(r.impl for r in sel))
+    shapes = list(dict.fromkeys((r.M, r.N) for r in sel))
+    lines = [f"| M x N | {' | '.join(names)} |", "|---" * (len(names) + 1) + "|"]
+    for M, N in shapes:
+        cells = []
+        for name in names:
+            r = next((r for r in sel if r.impl == name and (r.M, r.N) == (M, N)), None)
+            if r is None:
+                cells.append("")
+            elif r.status == "ok":
+                cells.append(f"{100 * r.fraction_of_copy:.1f} % ({r.gbps:.0f})")
+            else:
+                cells.append(r.status.split(":")[0])
+        lines.append(f"| {M} x {N} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = [op for op in peers.OPS if any(r.op == op and r.dtype == dtype for r in rows)]
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.8), squeeze=False)
+    for ax, op in zip(axes[0], ops, strict=True):
+        sel = [r for r in rows if r.op == op and r.dtype == dtype and r.status == "ok"]
+        for name in dict.fromkeys(r.impl for r in sel):
+            pts = sorted((r.N, 100 * r.fraction_of_copy) for r in sel if r.impl == name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+                    lw=2.5 if name == "ours" else 1.2, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 105)
+        ax.set_title(f"{op} ({dtype})", fontsize=10)
+        ax.set_xlabel("N")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("% of measured copy bandwidth")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(ops: Sequence[str], dtypes: Sequence[str], out_dir: Path, *, shapes=SHAPES,
+        impls: Sequence[str] | None = None, reps: int = 50, subset=SUBSET) -> list[Row]:
+    if not runtime.on_gpu():
+        raise hardware.NeedsGPU("course bench measures bandwidth: it needs a CUDA GPU "
+                                "(no GPU is visible here)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copy = hardware.copy_bandwidth()
+    env = environment() | {"copy_gbps": copy / 1e9}
+    print(f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}: copy bandwidth "
+          f"{copy / 1e9:.0f} GB/s", flush=True)
+    rows: list[Row] = []
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        for op in ops:
+            for M, N in (shapes if dname == "bfloat16" else subset):
+                if op.endswith("_bwd") and N > 65536:
+                    continue  # the issue's backward table stops at 65536
+                point = run_point(op, M, N, dtype, impls=impls, reps=reps, copy=copy)
+                rows.extend(point)
+                print(f"{op} {dname} {M}x{N}: " + ", ".join(
+                    f"{r.impl} {100 * r.fraction_of_copy:.1f}%" if r.status == "ok"
+                    else f"{r.impl} {r.status[:60]}" for r in point), flush=True)
+            print(format_table(rows, op, dname), flush=True)
+            save(rows, env, out_dir)  # after every op: a run cut short keeps what it measured
+    plot(rows, out_dir / "bench.png")
+    return rows
+
+
+def save(rows: Sequence[Row], env: dict, out_dir: Path) -> None:
+    (out_dir / "bench.json").write_text(json.dumps(
+        {"environment": env, "rows": [asdict(r) for r in rows]}, indent=1))
+    with open(out_dir / "bench.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[fld.name for fld in fields(Row)])
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)

@@ -1,0 +1,150 @@
+"""Sweep the reference kernels' launch plans on the GPU in hand; print the best per shape.
+
+    python scripts/tune_kernels.py [--ops rmsnorm_fwd,rmsnorm_bwd,...] [--out DIR]
+
+The winners are copied by hand into solutions/kernels/launch.py (as rules, not a table),
+and the sweep's output is summarised in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import course  # noqa: E402,F401  (mode first)
+from course import bench, hardware, shootout  # noqa: E402
+
+import torch  # noqa: E402
+
+from solutions.kernels import launch  # noqa: E402
+from solutions.kernels.launch import BackwardPlan, ForwardPlan  # noqa: E402
+from solutions.kernels.layernorm import _forward as ln_fwd  # noqa: E402
+from solutions.kernels.layernorm import layernorm_backward  # noqa: E402
+from solutions.kernels.rmsnorm import _forward as rms_fwd  # noqa: E402
+from solutions.kernels.rmsnorm import rmsnorm_backward  # noqa: E402
+from solutions.kernels.sibling_sync import next_power_of_2_split  # noqa: E402
+
+P2 = [1 << i for i in range(19)]
+
+
+def forward_candidates(N: int) -> list[ForwardPlan]:
+    block_n = 1 << (N - 1).bit_length()
+    out = []
+    if block_n <= 32768:
+        for block_m in P2:
+            elems = block_m * block_n
+            if block_m > 64 or elems > 32768 or (elems < 1024 and block_m < 64):
+                continue
+            for warps in (2, 4, 8, 16, 32):
+                if 4 <= elems / (32 * warps) <= 64:
+                    out.append(ForwardPlan("rows", block_m, block_n, warps))
+    if N >= 32768:
+        for chunk in (4096, 8192, 16384):
+            split = next_power_of_2_split(N, chunk)
+            if 2 <= split <= 64:
+                for warps in (4, 8, 16):
+                    if 8 <= chunk / (32 * warps) <= 64:
+                        out.append(ForwardPlan("split", 1, chunk, warps, split=split))
+    return out
+
+
+def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
+    block_n = 1 << (N - 1).bit_length()
+    out = []
+    if block_n <= 16384:
+        for block_m in (1, 2, 4, 8, 16):
+            elems = block_m * block_n
+            if elems > 16384 or (elems < 1024 and block_m < 16):
+                continue
+            for warps in (4, 8, 16):
+                if not 4 <= elems / (32 * warps) <= 32:
+                    continue
+                for k in (1, 2):
+                    for stages in (1, 2):
+                        if k * sms <= M:
+                            out.append(BackwardPlan("rows", block_m, block_n, warps, k * sms,
+                                                    num_stages=stages))
+    if N >= 4096:
+        for chunk in (1024, 2048, 4096):
+            split = next_power_of_2_split(N, chunk)
+            if not 2 <= split <= 32:
+                continue
+            for warps in (4, 8):
+                for k in (1, 2, 4):
+                    groups = max(1, k * sms // split)
+                    out.append(BackwardPlan("split", 1, chunk, warps, groups, split=split))
+    return out
+
+
+def runner(op: str, t: dict, plan):
+    x, w = t["x"], t["weight"]
+    if op == "rmsnorm_fwd":
+        return lambda: rms_fwd(x, w, 1e-6, None, False, plan)[0]
+    if op == "add_rmsnorm_fwd":
+        return lambda: rms_fwd(x, w, 1e-6, t["residual"], False, plan)[:2]
+    if op == "layernorm_fwd":
+        return lambda: ln_fwd(x, w, t["bias"], 1e-5, False, plan)[0]
+    if op == "rmsnorm_bwd":
+        rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
+        return lambda: rmsnorm_backward(x, w, rstd, t["dy"], plan)
+    mean = x.float().mean(-1)
+    rstd = torch.rsqrt(x.float().var(-1, unbiased=False) + 1e-5)
+    return lambda: layernorm_backward(x, w, mean, rstd, t["dy"], plan=plan)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ops", default="rmsnorm_fwd,rmsnorm_bwd")
+    parser.add_argument("--shapes", default="all")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    args = parser.parse_args()
+    copy = hardware.copy_bandwidth()
+    sms = launch.sm_count(0)
+    print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs", flush=True)
+    results = []
+    shapes = shootout.SHAPES if args.shapes == "all" else [
+        tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    for op in args.ops.split(","):
+        for M, N in shapes:
+            if op.endswith("_bwd") and N > 65536:
+                continue
+            nbytes = shootout.ideal_bytes(op, M, N, torch.bfloat16)
+            sets = [shootout.make_inputs(op, M, N, torch.bfloat16, seed=s)
+                    for s in range(bench.copies_needed(nbytes))]
+            default = (launch.forward_plan(M, N, sets[0]["x"].device) if op.endswith("fwd")
+                       else launch.backward_plan(M, N, sets[0]["x"].device))
+            cands = (forward_candidates(N) if op.endswith("fwd")
+                     else backward_candidates(M, N, sms))
+            timed = []
+            for plan in [default] + [c for c in cands if c != default]:
+                try:
+                    calls = [runner(op, t, plan) for t in sets]
+                    cur = [calls[0]]
+
+                    def pick(i, calls=calls, cur=cur):
+                        cur[0] = calls[i % len(calls)]
+                    tm = bench.time_fn(lambda cur=cur: cur[0](), warmup=3, reps=20,
+                                       before_each=pick, hide_launch=True)
+                    frac = nbytes / tm.median_s / copy
+                    timed.append((frac, plan))
+                    results.append({"op": op, "M": M, "N": N, "plan": repr(plan),
+                                     "fraction": frac, "default": plan == default})
+                except Exception as exc:
+                    print(f"  {plan}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+            timed.sort(key=lambda p: -p[0])
+            dflt = next(f for f, p in timed if p == default) if timed else float("nan")
+            print(f"{op} {M}x{N}: default {100 * dflt:.1f}% | best " + " | ".join(
+                f"{100 * f:.1f}% {p}" for f, p in timed[:3]), flush=True)
+            del sets
+            torch.cuda.empty_cache()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "tune.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

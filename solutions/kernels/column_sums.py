@@ -1,0 +1,42 @@
+"""The second, small reduction of every backward: dW (and dB) as column sums of the float32
+partial rows that the first kernel's programs wrote. A fixed order of additions, no atomics:
+the same inputs give the same bits on every run."""
+
+from __future__ import annotations
+
+from course import runtime  # noqa: F401  (picks GPU or interpreter before triton loads)
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def column_sums_kernel(partial_ptr, out_ptr, P, N, stride_partial_set, stride_out_set,
+                       BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    # axis 1 picks the set of partials (dW, or dB for LayerNorm): one launch for both
+    which = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    base = partial_ptr + which * stride_partial_set
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for start in range(0, P, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & col_mask[None, :]
+        acc += tl.load(base + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask,
+                       other=0.0)
+    total = tl.sum(acc, axis=0)
+    tl.store(out_ptr + which * stride_out_set + cols,
+             total.to(out_ptr.dtype.element_ty), mask=col_mask)
+
+
+def column_sums(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """(S, P, N) float32 partials -> (S, N) sums over P, in `out_dtype`."""
+    sets, programs, n = partials.shape
+    out = torch.empty((sets, n), dtype=out_dtype, device=partials.device)
+    block_n = min(256, triton.next_power_of_2(n))
+    block_p = 32
+    grid = (triton.cdiv(n, block_n), sets)
+    column_sums_kernel[grid](partials, out, programs, n, partials.stride(0), out.stride(0),
+                             BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
+    return out

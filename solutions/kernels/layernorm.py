@@ -1,0 +1,398 @@
+"""LayerNorm, forward and backward.
+
+    y = (x - mean) * rstd * w + b,   rstd = 1 / sqrt(var + eps),   var biased (divided by N)
+
+The variance is never computed as E[x^2] - E[x]^2: for rows whose mean is large next to their
+spread that difference cancels catastrophically in float32. With the row in registers the
+kernel subtracts the mean first (two passes over registers, one over memory); a row split
+over programs or blocks combines per-block (count, mean, M2) with Chan's parallel formula.
+
+Backward (per row, x_hat = (x - mean) * rstd, g = dy * w):
+
+    dx = rstd * (g - mean(g) - x_hat * mean(x_hat * g)),   dw = sum dy * x_hat,   db = sum dy
+"""
+
+from __future__ import annotations
+
+from course import runtime  # noqa: F401  (picks GPU or interpreter before triton loads)
+
+import torch
+import triton
+import triton.language as tl
+
+from solutions.kernels.column_sums import column_sums
+from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
+from solutions.kernels.sibling_sync import arrive_and_wait, publish, read_partials
+from solutions.kernels.validation import as_rows, check_eps, check_param, check_same_rows
+
+
+@triton.jit
+def _affine(y, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
+def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+                              M, N, stride_x_row, stride_y_row, eps,
+                              HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                              STORE_STATS: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    mask = (rows < M)[:, None] & col_mask[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    xc = tl.where(mask, x - mean[:, None], 0.0)  # centred before squaring: no cancellation
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+    if STORE_STATS:
+        tl.store(mean_ptr + rows, mean, mask=rows < M)
+        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+    y = _affine(xc * rstd[:, None], w_ptr, b_ptr, cols[None, :], col_mask[None, :],
+                HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+                               partial_ptr, arrived_ptr, M, N, stride_x_row, stride_y_row, eps,
+                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                               STORE_STATS: tl.constexpr,
+                               SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    # As rmsnorm_fwd_split_kernel: SPLIT resident programs per row exchange partials. Each
+    # publishes its block's sum and M2 (squares about the block's own mean).
+    pid = tl.program_id(0)
+    row = pid // SPLIT
+    part = pid % SPLIT
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    r64 = row.to(tl.int64)
+    x = tl.load(x_ptr + r64 * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    # SPLIT is a power of two: the last programs of a row may own no columns at all
+    count = tl.maximum(tl.minimum(N - part * BLOCK_N, BLOCK_N), 0).to(tl.float32)
+    block_sum = tl.sum(x, axis=0)
+    xc = tl.where(mask, x - block_sum / tl.maximum(count, 1.0), 0.0)
+    base = partial_ptr + row * (2 * SPLIT)
+    publish(base + part, block_sum)
+    publish(base + SPLIT + part, tl.sum(xc * xc, axis=0))
+    arrive_and_wait(arrived_ptr + row, SPLIT)
+    parts = tl.arange(0, SPLIT)
+    sums = read_partials(base, SPLIT)
+    m2s = read_partials(base + SPLIT, SPLIT)
+    counts = tl.maximum(tl.minimum(N - parts * BLOCK_N, BLOCK_N), 0).to(tl.float32)
+    mean = tl.sum(sums, axis=0) / N
+    # Chan et al.: M2 of the union = sum of block M2s + n_i * (mean_i - mean)^2
+    shift = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
+    var = (tl.sum(m2s, axis=0) + tl.sum(counts * shift * shift, axis=0)) / N
+    rstd = tl.rsqrt(var + eps)
+    if STORE_STATS:
+        if part == 0:
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
+    y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + r64 * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+                              M, N, stride_x_row, stride_y_row, eps,
+                              HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                              STORE_STATS: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * stride_x_row
+    # running (count, mean, M2), merged block by block with Chan's formula
+    n_seen = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        n_block = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+        block_mean = tl.sum(x, axis=0) / n_block
+        xc = tl.where(mask, x - block_mean, 0.0)
+        n_total = n_seen + n_block
+        delta = block_mean - mean
+        mean = mean + delta * n_block / n_total
+        m2 = m2 + tl.sum(xc * xc, axis=0) + delta * delta * n_seen * n_block / n_total
+        n_seen = n_total
+    rstd = tl.rsqrt(m2 / N + eps)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)
+        tl.store(y_ptr + row.to(tl.int64) * stride_y_row + cols,
+                 y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+             eps: float, store_stats: bool, plan: ForwardPlan | None):
+    """Launch the forward; returns (y, mean or None, rstd or None)."""
+    x2 = as_rows(x)
+    check_param(x, weight, "weight")
+    check_param(x, bias, "bias")
+    eps = check_eps(eps)
+    M, N = x2.shape
+    y = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    stats = (torch.empty((2, M), dtype=torch.float32, device=x.device) if store_stats
+             else None)
+    if M > 0:
+        plan = plan or forward_plan(M, N, x.device)
+        mean_arg = stats[0] if stats is not None else y
+        rstd_arg = stats[1] if stats is not None else y
+        args = (x2, weight if weight is not None else y, bias if bias is not None else y, y,
+                mean_arg, rstd_arg)
+        flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                     STORE_STATS=store_stats)
+        grid = plan.grid(M, N)
+        if plan.path == "rows":
+            layernorm_fwd_rows_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
+                                            **flags, BLOCK_M=plan.block_m,
+                                            BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+        elif plan.path == "split":
+            if x.device.type != "cuda":
+                raise ValueError("the split path needs a GPU")
+            partials = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
+            arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
+            layernorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, x2.stride(0),
+                                             y.stride(0), eps, **flags, SPLIT=plan.split,
+                                             BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+        else:
+            layernorm_fwd_loop_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
+                                            **flags, BLOCK_N=plan.block_n,
+                                            num_warps=plan.num_warps)
+    lead = x.shape[:-1]
+    if stats is None:
+        return y.view(x.shape), None, None
+    return y.view(x.shape), stats[0].view(lead), stats[1].view(lead)
+
+
+@triton.jit
+def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
+                              M, N, stride_x_row, stride_dy_row, stride_dx_row,
+                              rows_per_program, stride_partial_set,
+                              HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    else:
+        w = tl.where(col_mask, 1.0, 0.0)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, M)
+    for start in range(first, last, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_mask = rows < last
+        mask = row_mask[:, None] & col_mask[None, :]
+        r64 = rows.to(tl.int64)[:, None]
+        x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        g = dy * w[None, :]
+        mean_g = tl.sum(g, axis=1) / N
+        mean_xg = tl.sum(x_hat * g, axis=1) / N
+        dx = (g - mean_g[:, None] - x_hat * mean_xg[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + r64 * stride_dx_row + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
+                 mask=mask)
+        dw_acc += dy * x_hat
+        db_acc += dy
+    out = partial_ptr + pid.to(tl.int64) * N + cols
+    tl.store(out, tl.sum(dw_acc, axis=0), mask=col_mask)
+    tl.store(out + stride_partial_set, tl.sum(db_acc, axis=0), mask=col_mask)
+
+
+@triton.jit
+def layernorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
+                              M, N, stride_x_row, stride_dy_row, stride_dx_row,
+                              rows_per_program, stride_partial_set,
+                              HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+    # As rmsnorm_bwd_loop_kernel, with the two sums LayerNorm's dx needs.
+    pid = tl.program_id(0)
+    dw_partial = partial_ptr + pid.to(tl.int64) * N
+    db_partial = dw_partial + stride_partial_set
+    first = pid.to(tl.int64) * rows_per_program  # the loop's row is then 64-bit too
+    last = tl.minimum(first + rows_per_program, M)
+    for row in range(first, last):
+        r64 = row
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_xg = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x = tl.load(x_ptr + r64 * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(dy_ptr + r64 * stride_dy_row + cols, mask=mask,
+                        other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            acc_g += g
+            acc_xg += tl.where(mask, (x - mean) * rstd, 0.0) * g
+        mean_g = tl.sum(acc_g, axis=0) / N
+        mean_xg = tl.sum(acc_xg, axis=0) / N
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x = tl.load(x_ptr + r64 * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + r64 * stride_dy_row + cols, mask=mask,
+                         other=0.0).to(tl.float32)
+            x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            dx = (g - mean_g - x_hat * mean_xg) * rstd
+            tl.store(dx_ptr + r64 * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
+                     mask=mask)
+            tl.store(dw_partial + cols, tl.load(dw_partial + cols, mask=mask) + dy * x_hat,
+                     mask=mask)
+            tl.store(db_partial + cols, tl.load(db_partial + cols, mask=mask) + dy, mask=mask)
+
+
+@triton.jit
+def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
+                               exchange_ptr, arrived_ptr,
+                               M, N, stride_x_row, stride_dy_row, stride_dx_row,
+                               rows_per_group, stride_partial_set,
+                               HAS_WEIGHT: tl.constexpr, SPLIT: tl.constexpr,
+                               BLOCK_N: tl.constexpr):
+    # As rmsnorm_bwd_split_kernel, exchanging both sums LayerNorm's dx needs.
+    pid = tl.program_id(0)
+    group = pid // SPLIT
+    part = pid % SPLIT
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    else:
+        w = tl.where(col_mask, 1.0, 0.0)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    first = group.to(tl.int64) * rows_per_group
+    last = tl.minimum(first + rows_per_group, M)
+    x_next = tl.load(x_ptr + first * stride_x_row + cols, mask=col_mask & (first < last),
+                     other=0.0)
+    dy_next = tl.load(dy_ptr + first * stride_dy_row + cols, mask=col_mask & (first < last),
+                      other=0.0)
+    for row in range(first, last):
+        x = x_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        x_hat = tl.where(col_mask, (x - mean) * rstd, 0.0)
+        g = dy * w
+        slots = exchange_ptr + row * (2 * SPLIT)
+        publish(slots + part, tl.sum(g, axis=0))
+        publish(slots + SPLIT + part, tl.sum(x_hat * g, axis=0))
+        following = row + 1
+        x_next = tl.load(x_ptr + following * stride_x_row + cols,
+                         mask=col_mask & (following < last), other=0.0)
+        dy_next = tl.load(dy_ptr + following * stride_dy_row + cols,
+                          mask=col_mask & (following < last), other=0.0)
+        arrive_and_wait(arrived_ptr + row, SPLIT)
+        mean_g = tl.sum(read_partials(slots, SPLIT), axis=0) / N
+        mean_xg = tl.sum(read_partials(slots + SPLIT, SPLIT), axis=0) / N
+        dx = (g - mean_g - x_hat * mean_xg) * rstd
+        tl.store(dx_ptr + row * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
+                 mask=col_mask)
+        dw_acc += dy * x_hat
+        db_acc += dy
+    out = partial_ptr + group.to(tl.int64) * N + cols
+    tl.store(out, dw_acc, mask=col_mask)
+    tl.store(out + stride_partial_set, db_acc, mask=col_mask)
+
+
+def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
+                       rstd: torch.Tensor, dy: torch.Tensor, param_dtype: torch.dtype | None = None,
+                       plan: BackwardPlan | None = None):
+    """(dx, dw, db) for y = layernorm(x, weight, bias) given the forward's saved statistics.
+    dw and db take `param_dtype` (the parameters' dtype; x's when there are none)."""
+    x2 = as_rows(x)
+    dy2 = check_same_rows(x, dy, "dy")
+    check_param(x, weight, "weight")
+    M, N = x2.shape
+    for name, stat in (("mean", mean), ("rstd", rstd)):
+        if stat.dtype != torch.float32 or stat.numel() != M:
+            raise ValueError(f"{name} must be float32 with one value per row ({M}), got "
+                             f"{stat.dtype} with {stat.numel()} values")
+    mean = mean.reshape(M).contiguous()
+    rstd = rstd.reshape(M).contiguous()
+    param_dtype = param_dtype or (weight.dtype if weight is not None else x.dtype)
+    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    if M == 0:
+        zeros = torch.zeros(2, N, dtype=param_dtype, device=x.device)
+        return dx.view(x.shape), zeros[0], zeros[1]
+    plan = plan or backward_plan(M, N, x.device, layernorm=True)
+    if plan.path == "split" and x.device.type != "cuda":
+        raise ValueError("the split path needs a GPU")
+    rows_per_program = plan.rows_per_program(M)
+    programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path
+    alloc = torch.zeros if plan.path == "loop" else torch.empty
+    partials = alloc((2, programs, N), dtype=torch.float32, device=x.device)
+    common = (x2, weight if weight is not None else dx, dy2, mean, rstd, dx, partials, M, N,
+              x2.stride(0), dy2.stride(0), dx.stride(0), rows_per_program, partials.stride(0))
+    if plan.path == "rows":
+        layernorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
+                                               BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                                               num_warps=plan.num_warps,
+                                               num_stages=plan.num_stages)
+    elif plan.path == "split":
+        exchange = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
+        arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
+        layernorm_bwd_split_kernel[(programs * plan.split,)](
+            *common[:7], exchange, arrived, *common[7:], HAS_WEIGHT=weight is not None,
+            SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    else:
+        layernorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
+                                               BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    sums = column_sums(partials, param_dtype)
+    return dx.view(x.shape), sums[0], sums[1]
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None,
+              bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dimension; differentiable (see LayerNormFunction)."""
+    needs_grad = any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if torch.is_grad_enabled() and needs_grad:
+        return LayerNormFunction.apply(x, weight, bias, eps)
+    return _forward(x, weight, bias, eps, False, None)[0]
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """y = layernorm(x, weight, bias, eps); saves mean and rstd (8 bytes a row)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = _forward(x, weight, bias, eps, True, None)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.param_dtype = (weight.dtype if weight is not None
+                           else bias.dtype if bias is not None else x.dtype)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = layernorm_backward(x, weight, mean, rstd, dy.contiguous(),
+                                        ctx.param_dtype)
+        dw = dw if weight is not None and ctx.needs_input_grad[1] else None
+        db = db if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db, None

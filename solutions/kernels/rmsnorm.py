@@ -1,0 +1,388 @@
+"""RMSNorm, forward and backward, and the fused residual add + RMSNorm forward.
+
+    y = x * rstd * w,   rstd = 1 / sqrt(mean(x**2) + eps)   per row of the last dimension
+
+Statistics are accumulated in float32 whatever the input dtype; outputs take x's dtype.
+`launch.py` decides, per shape, which of the kernels below runs and how.
+
+Backward (per row, x_hat = x * rstd, g = dy * w):
+
+    dx = rstd * (g - x_hat * mean(x_hat * g))        dw = sum over rows of dy * x_hat
+
+dw is summed deterministically: each program of the first kernel adds up its own rows into
+one float32 row of partial sums, and `column_sums` adds those rows in a fixed order.
+"""
+
+from __future__ import annotations
+
+from course import runtime  # noqa: F401  (picks GPU or interpreter before triton loads)
+
+import torch
+import triton
+import triton.language as tl
+
+from solutions.kernels.column_sums import column_sums
+from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
+from solutions.kernels.sibling_sync import arrive_and_wait, publish, read_partials
+from solutions.kernels.validation import as_rows, check_eps, check_param, check_same_rows
+
+# --------------------------------------------------------------------------- forward kernels
+
+
+@triton.jit
+def _load_row_block(x_ptr, res_ptr, res_out_ptr, offsets_x, offsets_res, offsets_res_out, mask,
+                    HAS_RESIDUAL: tl.constexpr):
+    """x (plus the residual, rounded to the stored dtype and written back) in float32."""
+    x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0).to(tl.float32)
+        # Round the sum once, store it, and normalise what was stored: the next layer
+        # reads the rounded residual, so y must be the norm of that same value.
+        h = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + offsets_res_out, h, mask=mask)
+        x = h.to(tl.float32)
+    return x
+
+
+@triton.jit
+def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
+                            M, N, stride_x_row, stride_res_row, stride_y_row,
+                            stride_res_out_row, eps,
+                            HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                            STORE_RSTD: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
+    x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols[None, :],
+                        r64 * stride_res_row + cols[None, :],
+                        r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
+                             partial_ptr, arrived_ptr,
+                             M, N, stride_x_row, stride_res_row, stride_y_row,
+                             stride_res_out_row, eps,
+                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                             STORE_RSTD: tl.constexpr,
+                             SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    # SPLIT programs share a row, each keeping BLOCK_N of its columns in registers, and
+    # exchange their sums of squares (sibling_sync.py says why this cannot deadlock).
+    pid = tl.program_id(0)
+    row = pid // SPLIT
+    part = pid % SPLIT
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    r64 = row.to(tl.int64)
+    x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
+                        r64 * stride_res_row + cols, r64 * stride_res_out_row + cols, mask,
+                        HAS_RESIDUAL)
+    publish(partial_ptr + row * SPLIT + part, tl.sum(x * x, axis=0))
+    if HAS_WEIGHT:  # loaded while the siblings catch up
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    arrive_and_wait(arrived_ptr + row, SPLIT)
+    rstd = tl.rsqrt(tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N + eps)
+    if STORE_RSTD:
+        if part == 0:
+            tl.store(rstd_ptr + row, rstd)
+    y = x * rstd
+    if HAS_WEIGHT:
+        y = y * w
+    tl.store(y_ptr + r64 * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
+                            M, N, stride_x_row, stride_res_row, stride_y_row,
+                            stride_res_out_row, eps,
+                            HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                            STORE_RSTD: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    r64 = row.to(tl.int64)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
+                            r64 * stride_res_row + cols, r64 * stride_res_out_row + cols,
+                            mask, HAS_RESIDUAL)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + row, rstd)
+    # second pass: the row was read moments ago and is mostly still in L2
+    if HAS_RESIDUAL:
+        src_ptr = res_out_ptr + r64 * stride_res_out_row
+    else:
+        src_ptr = x_ptr + r64 * stride_x_row
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        y = tl.load(src_ptr + cols, mask=mask, other=0.0).to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + r64 * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+             residual: torch.Tensor | None, store_rstd: bool, plan: ForwardPlan | None):
+    """Launch the forward; returns (y, residual_out or None, rstd or None), shaped like x."""
+    x2 = as_rows(x)
+    check_param(x, weight, "weight")
+    eps = check_eps(eps)
+    M, N = x2.shape
+    res2 = check_same_rows(x, residual, "residual") if residual is not None else None
+    y = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    res_out = torch.empty_like(y) if residual is not None else None
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device) if store_rstd else None
+    if M > 0:
+        plan = plan or forward_plan(M, N, x.device)
+        dummy = y  # stands in for pointers a constexpr flag switches off
+        args = (x2, res2 if res2 is not None else dummy,
+                weight if weight is not None else dummy, y,
+                res_out if res_out is not None else dummy, rstd if rstd is not None else dummy)
+        strides = (x2.stride(0), res2.stride(0) if res2 is not None else 0, y.stride(0),
+                   res_out.stride(0) if res_out is not None else 0)
+        flags = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
+                     STORE_RSTD=store_rstd)
+        grid = plan.grid(M, N)
+        if plan.path == "rows":
+            rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
+                                          BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                                          num_warps=plan.num_warps)
+        elif plan.path == "split":
+            if x.device.type != "cuda":
+                raise ValueError("the split path needs a GPU (its programs wait for each "
+                                 "other, which the interpreter cannot run)")
+            partials = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
+            arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
+            rmsnorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, *strides, eps,
+                                           **flags, SPLIT=plan.split, BLOCK_N=plan.block_n,
+                                           num_warps=plan.num_warps)
+        else:
+            rmsnorm_fwd_loop_kernel[grid](*args, M, N, *strides, eps, **flags,
+                                          BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    shape = x.shape
+    return (y.view(shape), res_out.view(shape) if res_out is not None else None,
+            rstd.view(shape[:-1]) if rstd is not None else None)
+
+
+# --------------------------------------------------------------------------- backward kernels
+
+
+@triton.jit
+def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
+                            M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_program,
+                            HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    else:
+        w = tl.where(col_mask, 1.0, 0.0)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, M)
+    for start in range(first, last, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_mask = rows < last
+        mask = row_mask[:, None] & col_mask[None, :]
+        r64 = rows.to(tl.int64)[:, None]
+        x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        x_hat = x * rstd[:, None]
+        g = dy * w[None, :]
+        c = tl.sum(x_hat * g, axis=1) / N
+        dx = (g - x_hat * c[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + r64 * stride_dx_row + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
+                 mask=mask)
+        dw_acc += dy * x_hat
+    tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0),
+             mask=col_mask)
+
+
+@triton.jit
+def rmsnorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
+                            M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_program,
+                            HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Rows too long for registers: per row, one pass for mean(x_hat * g) and a second (from
+    # L2, mostly) for dx. The program's dW partial row lives in its own slice of the
+    # workspace (zeroed by the caller), so no other program ever touches it.
+    pid = tl.program_id(0)
+    partial = dw_partial_ptr + pid.to(tl.int64) * N
+    first = pid.to(tl.int64) * rows_per_program  # the loop's row is then 64-bit too
+    last = tl.minimum(first + rows_per_program, M)
+    for row in range(first, last):
+        r64 = row
+        rstd = tl.load(rstd_ptr + row)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x = tl.load(x_ptr + r64 * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + r64 * stride_dy_row + cols, mask=mask,
+                         other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                dy = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            acc += x * dy
+        c = tl.sum(acc, axis=0) * rstd / N
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x_hat = tl.load(x_ptr + r64 * stride_x_row + cols, mask=mask,
+                            other=0.0).to(tl.float32) * rstd
+            dy = tl.load(dy_ptr + r64 * stride_dy_row + cols, mask=mask,
+                         other=0.0).to(tl.float32)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            dx = (g - x_hat * c) * rstd
+            tl.store(dx_ptr + r64 * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
+                     mask=mask)
+            dw = tl.load(partial + cols, mask=mask, other=0.0)
+            tl.store(partial + cols, dw + dy * x_hat, mask=mask)
+
+
+@triton.jit
+def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
+                             partial_ptr, arrived_ptr,
+                             M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_group,
+                             HAS_WEIGHT: tl.constexpr, SPLIT: tl.constexpr,
+                             BLOCK_N: tl.constexpr):
+    # Long rows: a group of SPLIT programs walks through its rows together, each program
+    # owning BLOCK_N columns (x, dy and its dW sums fit in registers). Per row the siblings
+    # exchange their part of sum(x_hat * g). The next row's loads are issued before the
+    # wait, so the exchange's latency hides behind memory traffic.
+    pid = tl.program_id(0)
+    group = pid // SPLIT
+    part = pid % SPLIT
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    else:
+        w = tl.where(col_mask, 1.0, 0.0)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    first = group.to(tl.int64) * rows_per_group
+    last = tl.minimum(first + rows_per_group, M)
+    x_next = tl.load(x_ptr + first * stride_x_row + cols, mask=col_mask & (first < last),
+                     other=0.0)
+    dy_next = tl.load(dy_ptr + first * stride_dy_row + cols, mask=col_mask & (first < last),
+                      other=0.0)
+    for row in range(first, last):
+        x = x_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        x_hat = x * rstd
+        g = dy * w
+        publish(partial_ptr + row * SPLIT + part, tl.sum(x_hat * g, axis=0))
+        following = row + 1
+        x_next = tl.load(x_ptr + following * stride_x_row + cols,
+                         mask=col_mask & (following < last), other=0.0)
+        dy_next = tl.load(dy_ptr + following * stride_dy_row + cols,
+                          mask=col_mask & (following < last), other=0.0)
+        arrive_and_wait(arrived_ptr + row, SPLIT)
+        c = tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N
+        dx = (g - x_hat * c) * rstd
+        tl.store(dx_ptr + row * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
+                 mask=col_mask)
+        dw_acc += dy * x_hat
+    tl.store(dw_partial_ptr + group.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+
+
+def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
+                     dy: torch.Tensor, plan: BackwardPlan | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx, dw) for y = rmsnorm(x, weight) given the forward's saved float32 `rstd`."""
+    x2 = as_rows(x)
+    dy2 = check_same_rows(x, dy, "dy")
+    check_param(x, weight, "weight")
+    M, N = x2.shape
+    if rstd.dtype != torch.float32 or rstd.numel() != M:
+        raise ValueError(f"rstd must be float32 with one value per row ({M}), got "
+                         f"{rstd.dtype} with {rstd.numel()} values")
+    rstd = rstd.reshape(M).contiguous()
+    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    if M == 0:
+        dw = torch.zeros_like(weight) if weight is not None else None
+        return dx.view(x.shape), dw
+    plan = plan or backward_plan(M, N, x.device)
+    if plan.path == "split" and x.device.type != "cuda":
+        raise ValueError("the split path needs a GPU")
+    rows_per_program = plan.rows_per_program(M)
+    programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path
+    alloc = torch.zeros if plan.path == "loop" else torch.empty
+    partials = alloc((1, programs, N), dtype=torch.float32, device=x.device)
+    w_arg = weight if weight is not None else dx
+    common = (x2, w_arg, dy2, rstd, dx, partials, M, N, x2.stride(0), dy2.stride(0),
+              dx.stride(0), rows_per_program)
+    if plan.path == "rows":
+        rmsnorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
+                                             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                                             num_warps=plan.num_warps,
+                                             num_stages=plan.num_stages)
+    elif plan.path == "split":
+        exchange = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
+        arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
+        rmsnorm_bwd_split_kernel[(programs * plan.split,)](
+            *common[:6], exchange, arrived, *common[6:], HAS_WEIGHT=weight is not None,
+            SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    else:
+        rmsnorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
+                                             BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    dw = column_sums(partials, weight.dtype)[0] if weight is not None else None
+    return dx.view(x.shape), dw
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6
+            ) -> torch.Tensor:
+    """RMSNorm over the last dimension; differentiable (see RMSNormFunction)."""
+    if torch.is_grad_enabled() and (x.requires_grad or
+                                    (weight is not None and weight.requires_grad)):
+        return RMSNormFunction.apply(x, weight, eps)
+    return _forward(x, weight, eps, None, False, None)[0]
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused residual add + RMSNorm, one launch: returns (rmsnorm(x + residual), x + residual),
+    the sum rounded once to x's dtype. Forward only (inference)."""
+    y, res_out, _ = _forward(x, weight, eps, residual, False, None)
+    return y, res_out
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """y = rmsnorm(x, weight, eps); the forward saves rstd (4 bytes a row) for the backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, _, rstd = _forward(x, weight, eps, None, True, None)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = rmsnorm_backward(x, weight, rstd, dy.contiguous())
+        if weight is None or not ctx.needs_input_grad[1]:
+            dw = None
+        return dx, dw, None

@@ -1,0 +1,277 @@
+"""The reference kernels in solutions/kernels against the float64 reference.
+
+In interpreter mode: small shapes, every dtype, odd N, strided rows, each launch path that
+can run there. On a GPU (marked `gpu`): the benchmark's full shapes and the split path.
+"""
+
+import course  # noqa: F401  (mode first)
+from course import reference, runtime
+from course.check.compare import compare
+from course.shootout import SHAPES, column_sum_error
+
+import pytest
+import torch
+
+from solutions import kernels
+from solutions.kernels.launch import BackwardPlan, ForwardPlan
+from solutions.kernels.layernorm import _forward as layernorm_forward
+from solutions.kernels.layernorm import layernorm_backward
+from solutions.kernels.rmsnorm import _forward as rmsnorm_forward
+from solutions.kernels.rmsnorm import rmsnorm_backward
+from solutions.kernels.sibling_sync import next_power_of_2_split
+
+DEV = runtime.DEVICE
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SMALL = [(4, 64), (7, 100), (5, 1), (1, 257), (3, 3000), (33, 48)]
+LOOP_FWD = ForwardPlan("loop", 1, 1024, 4)
+LOOP_BWD = BackwardPlan("loop", 1, 1024, 4, programs=3)
+
+
+def _x(shape, dtype, seed=0, mean=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) + mean).to(dtype).to(DEV)
+
+
+def _w(n, dtype, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, generator=gen) + 0.5).to(dtype).to(DEV)
+
+
+def _assert_close(name, got, want, dtype):
+    mismatch = compare(name, got, want, dtype)
+    assert mismatch is None, mismatch.describe()
+
+
+def _assert_sums_close(name, got, want):
+    problem = column_sum_error(name, got, want, got.dtype)
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SMALL)
+def test_rmsnorm_forward_matches_reference(shape, dtype):
+    x, w = _x(shape, dtype), _w(shape[-1], dtype)
+    _assert_close("y", kernels.rmsnorm(x, w, 1e-6), reference.rmsnorm(x, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_add_rmsnorm_returns_the_norm_of_the_rounded_sum(dtype):
+    x, r, w = _x((6, 300), dtype), _x((6, 300), dtype, seed=5), _w(300, dtype)
+    y, res = kernels.add_rmsnorm(x, r, w)
+    want_y, want_res = reference.add_rmsnorm(x, r, w)
+    _assert_close("residual", res, want_res, dtype)
+    _assert_close("y", y, want_y, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SMALL)
+def test_layernorm_forward_matches_reference(shape, dtype):
+    x, w, b = _x(shape, dtype), _w(shape[-1], dtype), _x(shape[-1], dtype, seed=3)
+    _assert_close("y", kernels.layernorm(x, w, b), reference.layernorm(x, w, b), dtype)
+
+
+def test_layernorm_survives_a_mean_ten_thousand_times_the_spread():
+    # E[x^2] - E[x]^2 in float32 would lose every digit of the variance here
+    x = _x((8, 512), torch.float32, mean=1e4)
+    w, b = _w(512, torch.float32), _x(512, torch.float32, seed=3)
+    y = kernels.layernorm(x, w, b)
+    err = (y.double() - reference.layernorm(x, w, b)).abs().max().item()
+    # the input itself is rounded to float32 at 1e4 (ulp 1e-3): y can be no better than that
+    assert err < 5e-3, err
+
+
+def test_the_loop_paths_match_reference_on_long_rows():
+    x, r, w = _x((3, 5000), torch.float32, mean=20.0), _x((3, 5000), torch.float32), _w(
+        5000, torch.float32)
+    b = _x(5000, torch.float32, seed=4)
+    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, LOOP_FWD)
+    _assert_close("y", y, reference.rmsnorm(x, w), torch.float32)
+    _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
+    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, LOOP_FWD)
+    want_y, want_res = reference.add_rmsnorm(x, r, w)
+    _assert_close("y", y, want_y, torch.float32)
+    _assert_close("residual", res, want_res, torch.float32)
+    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, LOOP_FWD)
+    _assert_close("y", y, reference.layernorm(x, w, b), torch.float32)
+    want_mean, want_rstd = reference.layernorm_stats(x)
+    _assert_close("mean", mean, want_mean, torch.float32)
+    _assert_close("rstd", rstd, want_rstd, torch.float32)
+
+
+@pytest.mark.parametrize("path", ["rows", "loop"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rmsnorm_backward_matches_reference(dtype, path):
+    x, dy, w = _x((37, 300), dtype), _x((37, 300), dtype, seed=7), _w(300, dtype)
+    rstd = reference.rmsnorm_rstd(x).float()
+    plan = LOOP_BWD if path == "loop" else None
+    dx, dw = rmsnorm_backward(x, w, rstd, dy, plan)
+    want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    assert dw.dtype == w.dtype
+    _assert_sums_close("dw", dw, want_dw)
+
+
+@pytest.mark.parametrize("path", ["rows", "loop"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layernorm_backward_matches_reference(dtype, path):
+    x, dy = _x((37, 300), dtype, mean=2.0), _x((37, 300), dtype, seed=7)
+    w, b = _w(300, dtype), _x(300, dtype, seed=3)
+    mean, rstd = (s.float() for s in reference.layernorm_stats(x))
+    plan = LOOP_BWD if path == "loop" else None
+    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
+    want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    _assert_sums_close("dw", dw, want_dw)
+    _assert_sums_close("db", db, want_db)
+
+
+def test_backward_is_deterministic():
+    x, dy, w = _x((300, 96), torch.float32), _x((300, 96), torch.float32, seed=7), _w(
+        96, torch.float32)
+    rstd = reference.rmsnorm_rstd(x).float()
+    first = rmsnorm_backward(x, w, rstd, dy)
+    for _ in range(3):
+        again = rmsnorm_backward(x, w, rstd, dy)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+def test_strided_rows_and_3d_inputs():
+    base = _x((6, 200), torch.float16)
+    x = base[:, :128]                       # rows 200 apart, 128 used
+    w = _w(128, torch.float16)
+    _assert_close("y", kernels.rmsnorm(x, w), reference.rmsnorm(x, w), torch.float16)
+    x3 = _x((2, 3, 64), torch.float32)
+    w3 = _w(64, torch.float32)
+    y3 = kernels.layernorm(x3, w3, None)
+    assert y3.shape == x3.shape
+    _assert_close("y", y3, reference.layernorm(x3, w3, torch.zeros_like(w3)), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_modules_match_torch_modules_outputs_and_gradients(dtype):
+    n = 96
+    x = _x((2, 5, n), dtype)
+    for ours, theirs in ((kernels.RMSNorm(n, eps=1e-6), torch.nn.RMSNorm(n, eps=1e-6)),
+                         (kernels.LayerNorm(n), torch.nn.LayerNorm(n))):
+        ours, theirs = ours.to(DEV, dtype), theirs.to(DEV, dtype)
+        with torch.no_grad():
+            theirs.weight.copy_(_w(n, dtype))
+            if hasattr(theirs, "bias") and theirs.bias is not None:
+                theirs.bias.copy_(_x(n, dtype, seed=9))
+        ours.load_state_dict(theirs.state_dict())
+        xa = x.clone().requires_grad_(True)
+        xb = x.clone().requires_grad_(True)
+        ya, yb = ours(xa), theirs(xb)
+        _assert_close("y", ya, yb.double(), dtype)
+        dy = _x(x.shape, dtype, seed=11)
+        ya.backward(dy)
+        yb.backward(dy)
+        _assert_close("dx", xa.grad, xb.grad.double(), dtype)
+        for (name, pa), pb in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+            _assert_sums_close(name, pa.grad, pb.grad.double())
+
+
+def test_default_eps_follows_torch_rmsnorm():
+    x = _x((3, 16), torch.float32) * 1e-4
+    ours, theirs = kernels.RMSNorm(16).to(DEV), torch.nn.RMSNorm(16).to(DEV)
+    _assert_close("y", ours(x), theirs(x).double(), torch.float32)
+
+
+def test_autograd_function_returns_one_gradient_per_input():
+    x = _x((4, 32), torch.float32).requires_grad_(True)
+    w = _w(32, torch.float32).requires_grad_(False)
+    kernels.rmsnorm(x, w).sum().backward()  # expanded (stride 0) upstream gradient
+    assert x.grad is not None and w.grad is None
+    want_dx, _ = reference.rmsnorm_backward(x, w, torch.ones_like(x))
+    _assert_close("dx", x.grad, want_dx, torch.float32)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda: kernels.rmsnorm(torch.ones(4, 8, dtype=torch.int32, device=DEV),
+                             torch.ones(8, device=DEV)), "dtype torch.int32"),
+    (lambda: kernels.rmsnorm(torch.ones(4, 8, device=DEV), torch.ones(9, device=DEV)),
+     "length 8"),
+    (lambda: kernels.rmsnorm(torch.ones(8, 4, device=DEV).t(), torch.ones(8, device=DEV)),
+     "stride 1"),
+    (lambda: kernels.add_rmsnorm(torch.ones(4, 8, device=DEV), torch.ones(4, 9, device=DEV),
+                                 torch.ones(8, device=DEV)), "residual must have x's shape"),
+    (lambda: kernels.layernorm(torch.ones(4, 8, device=DEV), None, None, eps=-1.0),
+     "eps must be"),
+    (lambda: kernels.LayerNorm((4, 8)), "only the last dimension"),
+    (lambda: kernels.rmsnorm(torch.ones(4, 0, device=DEV)), "empty last dimension"),
+])
+def test_bad_inputs_are_named(bad, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        bad()
+
+
+# ------------------------------------------------------------------ GPU: the full shapes
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_forwards_at_benchmark_shapes(shape):
+    dtype = torch.bfloat16
+    x, w, b = _x(shape, dtype, mean=3.0), _w(shape[1], dtype), _x(shape[1], dtype, seed=3)
+    _assert_close("y", kernels.rmsnorm(x, w), reference.rmsnorm(x, w), dtype)
+    _assert_close("y", kernels.layernorm(x, w, b), reference.layernorm(x, w, b), dtype)
+    r = _x(shape, dtype, seed=5)
+    y, res = kernels.add_rmsnorm(x, r, w)
+    want_y, want_res = reference.add_rmsnorm(x, r, w)
+    _assert_close("residual", res, want_res, dtype)
+    _assert_close("y", y, want_y, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[1] <= 65536],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_backwards_at_benchmark_shapes(shape):
+    dtype = torch.bfloat16
+    x, dy, w = _x(shape, dtype, mean=1.0), _x(shape, dtype, seed=7), _w(shape[1], dtype)
+    rstd = reference.rmsnorm_rstd(x).float()
+    dx, dw = rmsnorm_backward(x, w, rstd, dy)
+    want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    _assert_sums_close("dw", dw, want_dw)
+    b = _x(shape[1], dtype, seed=3)
+    mean, rstd = (s.float() for s in reference.layernorm_stats(x))
+    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy)
+    want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    _assert_sums_close("dw", dw, want_dw)
+    _assert_sums_close("db", db, want_db)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("split", [2, 4, 16])
+def test_gpu_split_path_with_odd_n(dtype, split):
+    n = 8191 * split // 2 + 3
+    x, w, b = _x((67, n), dtype, mean=50.0), _w(n, dtype), _x(n, dtype, seed=3)
+    block = 1 << (-(-n // split) - 1).bit_length()
+    plan = ForwardPlan("split", 1, block, 8, split=next_power_of_2_split(n, block))
+    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, plan)
+    _assert_close("y", y, reference.rmsnorm(x, w), dtype)
+    _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
+    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
+    _assert_close("y", y, reference.layernorm(x, w, b), dtype)
+    _assert_close("mean", mean, reference.layernorm_stats(x)[0], torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n, block", [(20000, 4096), (4099, 1024), (65536, 4096)])
+def test_gpu_backward_split_path(dtype, n, block):
+    x, dy = _x((301, n), dtype, mean=1.0), _x((301, n), dtype, seed=7)
+    w, b = _w(n, dtype), _x(n, dtype, seed=3)
+    plan = BackwardPlan("split", 1, block, 8, 40, split=next_power_of_2_split(n, block))
+    rstd = reference.rmsnorm_rstd(x).float()
+    dx, dw = rmsnorm_backward(x, w, rstd, dy, plan)
+    want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    _assert_sums_close("dw", dw, want_dw)
+    mean, rstd = (s.float() for s in reference.layernorm_stats(x))
+    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
+    want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    _assert_sums_close("dw", dw, want_dw)
+    _assert_sums_close("db", db, want_db)
