@@ -141,9 +141,12 @@ class Measurement:
 
 
 def measure(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
-            nbytes: int, *, warmup: int = 10, reps: int = 100) -> Measurement:
-    """Median time of `fn` on rotating inputs, as bandwidth over `nbytes` ideal bytes."""
-    timing = time_rotating(fn, make_args, nbytes, warmup=warmup, reps=reps)
+            nbytes: int, *, warmup: int = 10, reps: int = 100,
+            hide_launch: bool = False) -> Measurement:
+    """Median time of `fn` on rotating inputs, as bandwidth over `nbytes` ideal bytes.
+    `hide_launch`: GPU time only, without Python's launch cost (see `time_fn`)."""
+    timing = time_rotating(fn, make_args, nbytes, warmup=warmup, reps=reps,
+                           hide_launch=hide_launch)
     copy = hardware.copy_bandwidth() if runtime.on_gpu() else None
     return Measurement(label, timing.median_s, int(nbytes), copy)
 

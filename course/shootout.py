@@ -30,6 +30,15 @@ SUBSET = ((32768, 512), (32768, 4096), (4096, 32768))
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+# The course's checkers refuse rows scaled by a common factor above 1e-3 (bf16): that is
+# what accumulating the statistics in bf16 does (3 to 7e-3 measured on an H100). Code that
+# rounds x * rstd to 16 bits before multiplying by the weight (Hugging Face's eager Llama
+# RMSNorm, and Liger, which copies it) also shifts some rows by up to 2**-9, since every
+# element of a row is multiplied by the same rstd before that rounding. It is still a
+# standard, accepted RMSNorm, so the benchmark accepts up to 1.25 times that shift.
+BENCH_ROW_SCALE = {torch.bfloat16: 1.25 * 2.0**-9, torch.float16: 1.25 * 2.0**-12}
+
+
 @dataclass
 class Row:
     op: str
@@ -101,7 +110,9 @@ def _first_mismatch(op: str, got, want: Sequence[torch.Tensor], dtype: torch.dty
             if problem:
                 return problem
             continue
-        mismatch = compare(name, g, w, dtype if g.dtype == dtype else g.dtype)
+        out_dtype = dtype if g.dtype == dtype else g.dtype
+        mismatch = compare(name, g, w, out_dtype,
+                           row_scale_tolerance=BENCH_ROW_SCALE.get(out_dtype))
         if mismatch is not None:
             return mismatch.describe().splitlines()[0]
     return None
@@ -144,11 +155,14 @@ def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[st
 
                 def pick(i, copies=copies, current=current):
                     current[0] = copies[i % len(copies)]
-                timing = bench.time_fn(lambda current=current: current[0](), warmup=5,
-                                       reps=reps, before_each=pick, hide_launch=True)
-                row.seconds = timing.median_s
-                row.gbps = nbytes / timing.median_s / 1e9
-                row.fraction_of_copy = nbytes / timing.median_s / copy
+                # Two passes, the faster median kept: a transient stall of the machine
+                # (seen once, a 15x slower median) must not stand as the kernel's speed.
+                row.seconds = min(
+                    bench.time_fn(lambda current=current: current[0](), warmup=5, reps=reps,
+                                  before_each=pick, hide_launch=True).median_s
+                    for _ in range(2))
+                row.gbps = nbytes / row.seconds / 1e9
+                row.fraction_of_copy = nbytes / row.seconds / copy
                 del copies, current
         except peers.Unavailable as exc:
             row.status = f"unavailable: {exc}"
@@ -188,28 +202,43 @@ def format_table(rows: Sequence[Row], op: str, dtype: str) -> str:
 
 
 def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16") -> None:
+    """% of copy bandwidth against N, one panel per op, one colour per implementation
+    (the same colour in every panel), ours drawn thickest."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ops = [op for op in peers.OPS if any(r.op == op and r.dtype == dtype for r in rows)]
-    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.8), squeeze=False)
-    for ax, op in zip(axes[0], ops, strict=True):
+    names = list(dict.fromkeys(r.impl for r in rows if r.dtype == dtype))
+    colours = {name: f"C{i}" for i, name in enumerate(names)}
+    cols = min(3, len(ops))
+    fig, axes = plt.subplots(-(-len(ops) // cols), cols, figsize=(4.6 * cols, 3.6 * -(
+        -len(ops) // cols)), squeeze=False)
+    for ax in axes.flat[len(ops):]:
+        ax.axis("off")
+    for ax, op in zip(axes.flat, ops, strict=False):
         sel = [r for r in rows if r.op == op and r.dtype == dtype and r.status == "ok"]
-        for name in dict.fromkeys(r.impl for r in sel):
+        for name in names:
             pts = sorted((r.N, 100 * r.fraction_of_copy) for r in sel if r.impl == name)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
-                    lw=2.5 if name == "ours" else 1.2, label=name)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+                        color=colours[name], lw=2.6 if name == "ours" else 1.2, label=name)
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 105)
         ax.set_title(f"{op} ({dtype})", fontsize=10)
-        ax.set_xlabel("N")
+        ax.set_xlabel("N  (M = 32768 up to N = 4096, then M x N = 2**27)", fontsize=8)
+        ax.set_ylabel("% of copy bandwidth")
         ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("% of measured copy bandwidth")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    handles = [plt.Line2D([], [], color=colours[n], lw=2.6 if n == "ours" else 1.2,
+                          marker="o", ms=3) for n in names]
+    spare = axes.flat[len(ops)] if len(ops) < axes.size else None
+    if spare is not None:
+        spare.legend(handles, names, loc="center", fontsize=9, frameon=False)
+    else:
+        fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

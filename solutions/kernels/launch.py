@@ -37,17 +37,24 @@ BACKWARD_SPLIT_BLOCK = 4096
 @dataclass(frozen=True)
 class ForwardPlan:
     path: str           # "rows", "split" or "loop"
-    block_m: int        # rows per program (rows path)
+    block_m: int        # rows per tile (rows path)
     block_n: int        # columns per block
     num_warps: int
     split: int = 1      # programs per row (split path)
+    programs: int = 0   # rows path: programs walking over the tiles (0: one per tile);
+                        # split path: row groups (0: one per row)
+    prefetch: bool = False  # rows path: load the next tile before computing this one
 
     def grid(self, M: int, N: int) -> tuple[int]:
         if self.path == "rows":
-            return (math.ceil(M / self.block_m),)
+            tiles = math.ceil(M / self.block_m)
+            return (min(tiles, self.programs) if self.programs else tiles,)
         if self.path == "split":
-            return (M * self.split,)
+            return (math.ceil(M / self.rows_per_group(M)) * self.split,)
         return (M,)
+
+    def rows_per_group(self, M: int) -> int:
+        return math.ceil(M / self.programs) if self.programs else 1
 
 
 @dataclass(frozen=True)
@@ -82,20 +89,33 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
     return 1 << (warps.bit_length() - 1)  # a power of two
 
 
-def forward_plan(M: int, N: int, device: torch.device) -> ForwardPlan:
+# Rows path, by BLOCK_N = next_power_of_2(N): (rows per tile, warps). From the sweeps in
+# docs/benchmarks.md: short rows want several rows per program so that each program moves
+# a few KB; long rows want enough warps that a thread holds 16 to 32 values.
+ROWS_PATH = {512: (4, 4), 1024: (2, 4), 2048: (2, 8), 4096: (1, 8), 8192: (1, 8),
+             16384: (2, 16), 32768: (1, 32)}
+# At N <= 256 a tile is too small to hide latency on its own: fewer, persistent programs
+# (PERSISTENT_PER_SM per SM) walk over the tiles, loading the next while computing this one.
+PERSISTENT_PER_SM = 8
+
+
+def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
+                 residual: bool = False) -> ForwardPlan:
+    """`element_size` is x's in bytes; `residual` says the residual is added too. Rows of
+    32768 fit one program's registers only when they arrive as 16-bit values and alone:
+    float32 rows, or a second input, spill there, and take the split path instead."""
     block_n = next_power_of_2(N)
-    if block_n <= MAX_REGISTER_BLOCK:
-        # Short rows: a few per program (about 2048 elements), so each moves enough bytes.
-        block_m = max(1, min(4, 2048 // block_n, next_power_of_2(M)))
-        warps = max(2, min(16, block_m * block_n // 512))  # about 16 elements a thread
-        if block_m == 1:
-            warps = max(warps, 8)
-        if block_n >= 32768:
-            warps = 32
-        return ForwardPlan("rows", block_m, block_n, warps)
+    register_limit = MAX_REGISTER_BLOCK if element_size <= 2 and not residual else 16384
+    if block_n <= 256:
+        block_m = max(1, min(16, 2048 // block_n, next_power_of_2(M)))
+        programs = PERSISTENT_PER_SM * _multiprocessors(device)
+        return ForwardPlan("rows", block_m, block_n, 4, programs=programs, prefetch=True)
+    if block_n <= register_limit:
+        block_m, warps = ROWS_PATH[block_n]
+        return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps)
     if device.type == "cuda":
         split = next_power_of_2_split(N, SPLIT_BLOCK)
-        return ForwardPlan("split", 1, SPLIT_BLOCK, 4, split=split)
+        return ForwardPlan("split", 1, SPLIT_BLOCK, 8, split=split)
     return ForwardPlan("loop", 1, 4096, 8)
 
 
@@ -117,7 +137,7 @@ def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = Fal
         return BackwardPlan("rows", block_m, block_n, warps, programs)
     if device.type == "cuda":
         split = next_power_of_2_split(N, BACKWARD_SPLIT_BLOCK)
-        warps, per_sm = (4, 1) if layernorm else (8, 2)
-        groups = max(1, min(M, per_sm * sms // split))
+        warps = 4 if layernorm else 8
+        groups = max(1, min(M, 2 * sms // split))  # two programs per SM
         return BackwardPlan("split", 1, BACKWARD_SPLIT_BLOCK, warps, groups, split=split)
     return BackwardPlan("loop", 1, 4096, 8, min(M, sms))

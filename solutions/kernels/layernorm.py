@@ -36,68 +36,99 @@ def _affine(y, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.
 
 
 @triton.jit
-def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-                              M, N, stride_x_row, stride_y_row, eps,
-                              HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                              STORE_STATS: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    mask = (rows < M)[:, None] & col_mask[None, :]
-    r64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+def _normalise_tile(x, mask, N, eps):
+    """(x - mean) * rstd per row of a float32 tile, with mean and rstd."""
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(mask, x - mean[:, None], 0.0)  # centred before squaring: no cancellation
     rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
-    if STORE_STATS:
-        tl.store(mean_ptr + rows, mean, mask=rows < M)
-        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
-    y = _affine(xc * rstd[:, None], w_ptr, b_ptr, cols[None, :], col_mask[None, :],
-                HAS_WEIGHT, HAS_BIAS)
-    tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mask)
+    return xc * rstd[:, None], mean, rstd
+
+
+@triton.jit
+def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+                              M, N, stride_x_row, stride_y_row, eps,
+                              HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                              STORE_STATS: tl.constexpr, PREFETCH: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # As rmsnorm_fwd_rows_kernel: program p takes row tiles p, p + P, ...; with PREFETCH the
+    # next tile is loaded before this one is normalised.
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if PREFETCH:
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        x_next = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x_row + cols[None, :],
+                         mask=mask, other=0.0)
+    for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        r64 = rows.to(tl.int64)[:, None]
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        if PREFETCH:
+            x = x_next.to(tl.float32)
+            ahead = (tile + n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
+            x_next = tl.load(x_ptr + ahead.to(tl.int64)[:, None] * stride_x_row + cols[None, :],
+                             mask=(ahead < M)[:, None] & col_mask[None, :], other=0.0)
+        else:
+            x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
+                        other=0.0).to(tl.float32)
+        x_hat, mean, rstd = _normalise_tile(x, mask, N, eps)
+        if STORE_STATS:
+            tl.store(mean_ptr + rows, mean, mask=rows < M)
+            tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+        y = _affine(x_hat, w_ptr, b_ptr, cols[None, :], col_mask[None, :], HAS_WEIGHT,
+                    HAS_BIAS)
+        tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 @triton.jit
 def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                                partial_ptr, arrived_ptr, M, N, stride_x_row, stride_y_row, eps,
+                               rows_per_group,
                                HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                                STORE_STATS: tl.constexpr,
                                SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
-    # As rmsnorm_fwd_split_kernel: SPLIT resident programs per row exchange partials. Each
-    # publishes its block's sum and M2 (squares about the block's own mean).
+    # As rmsnorm_fwd_split_kernel: a group of SPLIT programs walks through its rows, the
+    # next row prefetched before each exchange. Each program publishes its block's sum and
+    # M2 (squares about the block's own mean), combined with Chan's formula.
     pid = tl.program_id(0)
-    row = pid // SPLIT
+    group = pid // SPLIT
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
-    r64 = row.to(tl.int64)
-    x = tl.load(x_ptr + r64 * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    parts = tl.arange(0, SPLIT)
     # SPLIT is a power of two: the last programs of a row may own no columns at all
     count = tl.maximum(tl.minimum(N - part * BLOCK_N, BLOCK_N), 0).to(tl.float32)
-    block_sum = tl.sum(x, axis=0)
-    xc = tl.where(mask, x - block_sum / tl.maximum(count, 1.0), 0.0)
-    base = partial_ptr + row * (2 * SPLIT)
-    publish(base + part, block_sum)
-    publish(base + SPLIT + part, tl.sum(xc * xc, axis=0))
-    arrive_and_wait(arrived_ptr + row, SPLIT)
-    parts = tl.arange(0, SPLIT)
-    sums = read_partials(base, SPLIT)
-    m2s = read_partials(base + SPLIT, SPLIT)
     counts = tl.maximum(tl.minimum(N - parts * BLOCK_N, BLOCK_N), 0).to(tl.float32)
-    mean = tl.sum(sums, axis=0) / N
-    # Chan et al.: M2 of the union = sum of block M2s + n_i * (mean_i - mean)^2
-    shift = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
-    var = (tl.sum(m2s, axis=0) + tl.sum(counts * shift * shift, axis=0)) / N
-    rstd = tl.rsqrt(var + eps)
-    if STORE_STATS:
-        if part == 0:
-            tl.store(mean_ptr + row, mean)
-            tl.store(rstd_ptr + row, rstd)
-    y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)
-    tl.store(y_ptr + r64 * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    first = group.to(tl.int64) * rows_per_group
+    last = tl.minimum(first + rows_per_group, M)
+    x_next = tl.load(x_ptr + first * stride_x_row + cols, mask=mask & (first < last), other=0.0)
+    for row in range(first, last):
+        x = x_next.to(tl.float32)
+        block_sum = tl.sum(x, axis=0)
+        xc = tl.where(mask, x - block_sum / tl.maximum(count, 1.0), 0.0)
+        slots = partial_ptr + row * (2 * SPLIT)
+        publish(slots + part, block_sum)
+        publish(slots + SPLIT + part, tl.sum(xc * xc, axis=0))
+        ahead = row + 1
+        x_next = tl.load(x_ptr + ahead * stride_x_row + cols, mask=mask & (ahead < last),
+                         other=0.0)
+        arrive_and_wait(arrived_ptr + row, SPLIT)
+        sums = read_partials(slots, SPLIT)
+        m2s = read_partials(slots + SPLIT, SPLIT)
+        mean = tl.sum(sums, axis=0) / N
+        # Chan et al.: M2 of the union = sum of block M2s + n_i * (mean_i - mean)^2
+        shift = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
+        var = (tl.sum(m2s, axis=0) + tl.sum(counts * shift * shift, axis=0)) / N
+        rstd = tl.rsqrt(var + eps)
+        if STORE_STATS:
+            if part == 0:
+                tl.store(mean_ptr + row, mean)
+                tl.store(rstd_ptr + row, rstd)
+        y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)
+        tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -148,7 +179,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     stats = (torch.empty((2, M), dtype=torch.float32, device=x.device) if store_stats
              else None)
     if M > 0:
-        plan = plan or forward_plan(M, N, x.device)
+        plan = plan or forward_plan(M, N, x.device, element_size=x.element_size())
         mean_arg = stats[0] if stats is not None else y
         rstd_arg = stats[1] if stats is not None else y
         args = (x2, weight if weight is not None else y, bias if bias is not None else y, y,
@@ -158,15 +189,17 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
         grid = plan.grid(M, N)
         if plan.path == "rows":
             layernorm_fwd_rows_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
-                                            **flags, BLOCK_M=plan.block_m,
-                                            BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+                                            **flags, PREFETCH=plan.prefetch,
+                                            BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                                            num_warps=plan.num_warps)
         elif plan.path == "split":
             if x.device.type != "cuda":
                 raise ValueError("the split path needs a GPU")
             partials = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
             arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
             layernorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, x2.stride(0),
-                                             y.stride(0), eps, **flags, SPLIT=plan.split,
+                                             y.stride(0), eps, plan.rows_per_group(M),
+                                             **flags, SPLIT=plan.split,
                                              BLOCK_N=plan.block_n, num_warps=plan.num_warps)
         else:
             layernorm_fwd_loop_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,

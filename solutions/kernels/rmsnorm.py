@@ -33,12 +33,20 @@ from solutions.kernels.validation import as_rows, check_eps, check_param, check_
 def _load_row_block(x_ptr, res_ptr, res_out_ptr, offsets_x, offsets_res, offsets_res_out, mask,
                     HAS_RESIDUAL: tl.constexpr):
     """x (plus the residual, rounded to the stored dtype and written back) in float32."""
-    x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0)
+    r = x
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0)
+    return _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL)
+
+
+@triton.jit
+def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.constexpr):
+    x = x.to(tl.float32)
+    if HAS_RESIDUAL:
         # Round the sum once, store it, and normalise what was stored: the next layer
         # reads the rounded residual, so y must be the norm of that same value.
-        h = (x + r).to(res_out_ptr.dtype.element_ty)
+        h = (x + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + offsets_res_out, h, mask=mask)
         x = h.to(tl.float32)
     return x
@@ -49,57 +57,103 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             M, N, stride_x_row, stride_res_row, stride_y_row,
                             stride_res_out_row, eps,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                            STORE_RSTD: tl.constexpr,
+                            STORE_RSTD: tl.constexpr, PREFETCH: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # Program p handles row tiles p, p + P, p + 2P, ... (P programs launched; one tile each
+    # when P is the number of tiles). With PREFETCH, the next tile's loads are issued before
+    # this tile's arithmetic, so short rows still keep memory requests in flight.
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
-    x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols[None, :],
-                        r64 * stride_res_row + cols[None, :],
-                        r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-    if STORE_RSTD:
-        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
-    y = x * rstd[:, None]
+    col_mask = cols < N
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = y * w[None, :]
-    tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mask)
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    if PREFETCH:
+        r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
+        res_next = x_next
+        if HAS_RESIDUAL:
+            res_next = tl.load(res_ptr + r64 * stride_res_row + cols[None, :], mask=mask,
+                               other=0.0)
+    for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        r64 = rows.to(tl.int64)[:, None]
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        if PREFETCH:
+            x_raw = x_next
+            res_raw = res_next
+            ahead = (tile + n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
+            a64 = ahead.to(tl.int64)[:, None]
+            ahead_mask = (ahead < M)[:, None] & col_mask[None, :]
+            x_next = tl.load(x_ptr + a64 * stride_x_row + cols[None, :], mask=ahead_mask,
+                             other=0.0)
+            if HAS_RESIDUAL:
+                res_next = tl.load(res_ptr + a64 * stride_res_row + cols[None, :],
+                                   mask=ahead_mask, other=0.0)
+            x = _add_residual(x_raw, res_raw, res_out_ptr,
+                              r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
+        else:
+            x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols[None, :],
+                                r64 * stride_res_row + cols[None, :],
+                                r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        if STORE_RSTD:
+            tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+        y = x * rstd[:, None]
+        if HAS_WEIGHT:
+            y = y * w[None, :]
+        tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 @triton.jit
 def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                              partial_ptr, arrived_ptr,
                              M, N, stride_x_row, stride_res_row, stride_y_row,
-                             stride_res_out_row, eps,
+                             stride_res_out_row, eps, rows_per_group,
                              HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                              STORE_RSTD: tl.constexpr,
                              SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
-    # SPLIT programs share a row, each keeping BLOCK_N of its columns in registers, and
-    # exchange their sums of squares (sibling_sync.py says why this cannot deadlock).
+    # A group of SPLIT programs walks through its rows together, each program keeping
+    # BLOCK_N columns of the row in registers; per row they exchange their sums of squares
+    # (sibling_sync.py says why this cannot deadlock). The next row's loads are issued
+    # before the wait, so the exchange's latency hides behind memory traffic.
     pid = tl.program_id(0)
-    row = pid // SPLIT
+    group = pid // SPLIT
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
-    r64 = row.to(tl.int64)
-    x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
-                        r64 * stride_res_row + cols, r64 * stride_res_out_row + cols, mask,
-                        HAS_RESIDUAL)
-    publish(partial_ptr + row * SPLIT + part, tl.sum(x * x, axis=0))
-    if HAS_WEIGHT:  # loaded while the siblings catch up
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    arrive_and_wait(arrived_ptr + row, SPLIT)
-    rstd = tl.rsqrt(tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N + eps)
-    if STORE_RSTD:
-        if part == 0:
-            tl.store(rstd_ptr + row, rstd)
-    y = x * rstd
     if HAS_WEIGHT:
-        y = y * w
-    tl.store(y_ptr + r64 * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    first = group.to(tl.int64) * rows_per_group  # the loop's row is then 64-bit too
+    last = tl.minimum(first + rows_per_group, M)
+    x_next = tl.load(x_ptr + first * stride_x_row + cols, mask=mask & (first < last), other=0.0)
+    res_next = x_next
+    if HAS_RESIDUAL:
+        res_next = tl.load(res_ptr + first * stride_res_row + cols, mask=mask & (first < last),
+                           other=0.0)
+    for row in range(first, last):
+        x = _add_residual(x_next, res_next, res_out_ptr, row * stride_res_out_row + cols, mask,
+                          HAS_RESIDUAL)
+        publish(partial_ptr + row * SPLIT + part, tl.sum(x * x, axis=0))
+        ahead = row + 1
+        x_next = tl.load(x_ptr + ahead * stride_x_row + cols, mask=mask & (ahead < last),
+                         other=0.0)
+        if HAS_RESIDUAL:
+            res_next = tl.load(res_ptr + ahead * stride_res_row + cols,
+                               mask=mask & (ahead < last), other=0.0)
+        arrive_and_wait(arrived_ptr + row, SPLIT)
+        rstd = tl.rsqrt(tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N
+                        + eps)
+        if STORE_RSTD:
+            if part == 0:
+                tl.store(rstd_ptr + row, rstd)
+        y = x * rstd
+        if HAS_WEIGHT:
+            y = y * w
+        tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -147,7 +201,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     res_out = torch.empty_like(y) if residual is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=x.device) if store_rstd else None
     if M > 0:
-        plan = plan or forward_plan(M, N, x.device)
+        plan = plan or forward_plan(M, N, x.device, element_size=x.element_size(),
+                                    residual=residual is not None)
         dummy = y  # stands in for pointers a constexpr flag switches off
         args = (x2, res2 if res2 is not None else dummy,
                 weight if weight is not None else dummy, y,
@@ -159,8 +214,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         grid = plan.grid(M, N)
         if plan.path == "rows":
             rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
-                                          BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-                                          num_warps=plan.num_warps)
+                                          PREFETCH=plan.prefetch, BLOCK_M=plan.block_m,
+                                          BLOCK_N=plan.block_n, num_warps=plan.num_warps)
         elif plan.path == "split":
             if x.device.type != "cuda":
                 raise ValueError("the split path needs a GPU (its programs wait for each "
@@ -168,8 +223,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             partials = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
             arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
             rmsnorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, *strides, eps,
-                                           **flags, SPLIT=plan.split, BLOCK_N=plan.block_n,
-                                           num_warps=plan.num_warps)
+                                           plan.rows_per_group(M), **flags, SPLIT=plan.split,
+                                           BLOCK_N=plan.block_n, num_warps=plan.num_warps)
         else:
             rmsnorm_fwd_loop_kernel[grid](*args, M, N, *strides, eps, **flags,
                                           BLOCK_N=plan.block_n, num_warps=plan.num_warps)
