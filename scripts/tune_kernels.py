@@ -32,7 +32,7 @@ from solutions.kernels.sibling_sync import next_power_of_2_split  # noqa: E402
 P2 = [1 << i for i in range(19)]
 
 
-def forward_candidates(N: int) -> list[ForwardPlan]:
+def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
     block_n = 1 << (N - 1).bit_length()
     out = []
     if block_n <= 32768:
@@ -43,13 +43,21 @@ def forward_candidates(N: int) -> list[ForwardPlan]:
             for warps in (2, 4, 8, 16, 32):
                 if 4 <= elems / (32 * warps) <= 64:
                     out.append(ForwardPlan("rows", block_m, block_n, warps))
+                    if block_n <= 2048 and elems <= 4096:  # persistent, prefetching
+                        for k in (2, 4, 8):
+                            out.append(ForwardPlan("rows", block_m, block_n, warps,
+                                                   programs=k * sms, prefetch=True))
     if N >= 32768:
         for chunk in (4096, 8192, 16384):
             split = next_power_of_2_split(N, chunk)
             if 2 <= split <= 64:
                 for warps in (4, 8, 16):
                     if 8 <= chunk / (32 * warps) <= 64:
-                        out.append(ForwardPlan("split", 1, chunk, warps, split=split))
+                        for k in (0, 1, 2, 4):
+                            groups = k * sms // split
+                            if k == 0 or groups >= 1:
+                                out.append(ForwardPlan("split", 1, chunk, warps, split=split,
+                                                       programs=groups))
     return out
 
 
@@ -118,7 +126,7 @@ def main() -> None:
                     for s in range(bench.copies_needed(nbytes))]
             default = (launch.forward_plan(M, N, sets[0]["x"].device) if op.endswith("fwd")
                        else launch.backward_plan(M, N, sets[0]["x"].device))
-            cands = (forward_candidates(N) if op.endswith("fwd")
+            cands = (forward_candidates(N, sms) if op.endswith("fwd")
                      else backward_candidates(M, N, sms))
             timed = []
             for plan in [default] + [c for c in cands if c != default]:

@@ -125,6 +125,23 @@ def test_layernorm_backward_matches_reference(dtype, path):
     _assert_sums_close("db", db, want_db)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_rows_path_with_fewer_programs_than_tiles(prefetch):
+    # each program walks over several row tiles (the persistent launch for short rows)
+    x, r, w = _x((37, 300), torch.float32), _x((37, 300), torch.float32, seed=5), _w(
+        300, torch.float32)
+    b = _x(300, torch.float32, seed=4)
+    plan = ForwardPlan("rows", 4, 512, 2, programs=3, prefetch=prefetch)
+    y, res, rstd = rmsnorm_forward(x, w, 1e-6, r, True, plan)
+    want_y, want_res = reference.add_rmsnorm(x, r, w)
+    _assert_close("residual", res, want_res, torch.float32)
+    _assert_close("y", y, want_y, torch.float32)
+    _assert_close("rstd", rstd, reference.rmsnorm_rstd(want_res), torch.float32)
+    y, mean, rstd = layernorm_forward(x + 30, w, b, 1e-5, True, plan)
+    _assert_close("y", y, reference.layernorm(x + 30, w, b), torch.float32)
+    _assert_close("mean", mean, reference.layernorm_stats(x + 30)[0], torch.float32)
+
+
 def test_backward_is_deterministic():
     x, dy, w = _x((300, 96), torch.float32), _x((300, 96), torch.float32, seed=7), _w(
         96, torch.float32)
@@ -248,10 +265,16 @@ def test_gpu_split_path_with_odd_n(dtype, split):
     n = 8191 * split // 2 + 3
     x, w, b = _x((67, n), dtype, mean=50.0), _w(n, dtype), _x(n, dtype, seed=3)
     block = 1 << (-(-n // split) - 1).bit_length()
-    plan = ForwardPlan("split", 1, block, 8, split=next_power_of_2_split(n, block))
+    # 10 row groups: each group of programs walks through about 7 rows
+    plan = ForwardPlan("split", 1, block, 8, split=next_power_of_2_split(n, block), programs=10)
     y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, plan)
     _assert_close("y", y, reference.rmsnorm(x, w), dtype)
     _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
+    r = _x((67, n), dtype, seed=5)
+    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, plan)
+    want_y, want_res = reference.add_rmsnorm(x, r, w)
+    _assert_close("residual", res, want_res, dtype)
+    _assert_close("y", y, want_y, dtype)
     y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
     _assert_close("y", y, reference.layernorm(x, w, b), dtype)
     _assert_close("mean", mean, reference.layernorm_stats(x)[0], torch.float32)
