@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from course import bench, hardware, runtime
+from course.check.compare import compare
 from course.hardware import NeedsGPU
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,26 @@ class BandwidthResult:
         return (f"{best} (best of {len(self.attempts)}); {verdict} the target of "
                 f"{100 * self.target:.0f} % of copy bandwidth "
                 f"({hardware.copy_bandwidth() / 1e9:.0f} GB/s measured here)")
+
+
+def verify_outputs(label: str, names: Sequence[str], got: object,
+                   expected: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype],
+                   extra_atol: Sequence[float | torch.Tensor | None] | None = None) -> None:
+    """Raise AssertionError when a kernel's outputs at the timing shape are wrong: a wrong
+    kernel is not timed (it might be fast because it skips work)."""
+    outs = got if isinstance(got, (tuple, list)) else (got,)
+    if len(outs) != len(names):
+        raise AssertionError(f"{label}: returned {len(outs)} value(s), expected {len(names)} "
+                             f"({', '.join(names)})")
+    extras = list(extra_atol) if extra_atol is not None else [None] * len(names)
+    problems = []
+    for name, out, want, dtype, extra in zip(names, outs, expected, dtypes, extras, strict=True):
+        mismatch = compare(name, out, want, dtype, extra_atol=extra)
+        if mismatch is not None:
+            problems.append(mismatch.describe())
+    if problems:
+        raise AssertionError(f"{label}: wrong output at the timing shape, so it is not timed.\n"
+                             + "\n".join(problems))
 
 
 def needs_gpu_message(label: str) -> str:

@@ -29,6 +29,7 @@ class Case:
     offset: float = 0.0
     zero_rows: tuple[int, ...] = ()
     eps: float = 1e-6
+    param_dtype: torch.dtype | None = None  # weight (and bias) dtype when it differs from x's
 
     @property
     def n(self) -> int:
@@ -44,7 +45,13 @@ class Case:
     def label(self) -> str:
         dims = "x".join(map(str, self.shape))
         dtype = str(self.dtype).replace("torch.", "")
+        if self.param_dtype is not None and self.param_dtype != self.dtype:
+            dtype += f", weight {str(self.param_dtype).replace('torch.', '')}"
         return f"{self.name} ({dims}, {dtype})"
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.param_dtype or self.dtype
 
     def runnable(self) -> bool:
         return self.dtype != torch.bfloat16 or runtime.supports_bf16()
@@ -65,4 +72,13 @@ class Case:
                     dtype: torch.dtype | None = None) -> GuardedInput:
         """A per-column parameter such as the weight: not all ones, so ignoring it shows."""
         values = torch.rand(self.n, generator=gen) * (high - low) + low
-        return guarded(values.to(dtype or self.dtype).to(runtime.DEVICE))
+        return guarded(values.to(dtype or self.weight_dtype).to(runtime.DEVICE))
+
+    def make_like_input(self, gen: torch.Generator, *, scale: float = 1.0,
+                        offset: float = 0.0, zero_rows: bool = False) -> GuardedInput:
+        """A second tensor of the input's shape, dtype and layout (a residual, an upstream
+        gradient), with its own values; zero on the case's zero rows if `zero_rows`."""
+        values = torch.randn(self.shape, generator=gen) * scale + offset
+        if zero_rows and self.zero_rows:
+            values.reshape(-1, self.n)[list(self.zero_rows)] = 0.0
+        return guarded(values.to(self.dtype).to(runtime.DEVICE), row_padding=self.row_padding)

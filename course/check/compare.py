@@ -46,6 +46,7 @@ class Mismatch:
     max_abs_err: float
     examples: tuple[tuple[tuple[int, int], float, float], ...]  # ((row, col), expected, got)
     row_scale_err: float = 0.0   # worst |scale - 1| of a row fitted as got = scale * expected
+    vector: bool = False         # the output is 1-D (dw, say): one row, described as such
 
     @property
     def all_poison(self) -> bool:
@@ -73,13 +74,16 @@ class Mismatch:
                     f"{100 * self.row_scale_err:.2f} %): the row statistic (rstd) is imprecise")
         rows = _ranges(self.bad_rows)
         cols = _ranges(self.bad_cols)
+        where = (f"indices {cols} of 0..{self.n_cols - 1}" if self.vector else
+                 f"rows {rows} of 0..{self.n_rows - 1}; columns {cols} of 0..{self.n_cols - 1}")
         lines = [f"{self.n_bad} of {self.n_rows * self.n_cols} elements of {self.name} are wrong "
-                 f"(rows {rows} of 0..{self.n_rows - 1}; columns {cols} of 0..{self.n_cols - 1})"]
+                 f"({where})"]
         if self.n_poison:
             lines.append(f"{self.n_poison} of them are NaN: memory your kernel never wrote (the "
                          "checker fills fresh allocations with NaN)")
         for (r, c), want, got in self.examples:
-            lines.append(f"  {self.name}[{r}, {c}]: expected {want:.6g}, got {got:.6g}")
+            index = f"{c}" if self.vector else f"{r}, {c}"
+            lines.append(f"  {self.name}[{index}]: expected {want:.6g}, got {got:.6g}")
         return "\n".join(lines)
 
 
@@ -98,9 +102,21 @@ def _ranges(values: tuple[int, ...], limit: int = 6) -> str:
     return text + (", ..." if len(spans) > limit else "")
 
 
-def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
-            ) -> Mismatch | None:
+def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, *,
+            extra_atol: float | torch.Tensor | None = None,
+            bf16_truncated: bool | None = None,
+            row_scale_tolerance: float | None = None,
+            dtype_reason: str = "the input's dtype: compute in float32 inside the kernel, "
+                                "store in the output's dtype") -> Mismatch | None:
     """None when `got` matches the float64 `expected` within `dtype`'s tolerance.
+
+    `extra_atol` (a number, or a tensor broadcastable to `expected`) widens the absolute
+    tolerance by the error a correct float32 computation may add beyond rounding the output
+    once: a sum over many rows, a mean that dwarfs the spread. The check for rows scaled by a
+    common factor is then left out, since such errors are not a pure scale.
+    `bf16_truncated` says whether the output went through Triton's interpreter, which
+    truncates to bfloat16 (default: whenever the interpreter is in use).
+    `row_scale_tolerance` replaces ROW_SCALE_TOLERANCES[dtype] for this comparison.
 
     Shape, dtype and device problems raise AssertionError straight away: they are not a
     matter of tolerance.
@@ -109,21 +125,30 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.d
         raise AssertionError(f"{name} should be a torch.Tensor, got {type(got).__name__}")
     if tuple(got.shape) != tuple(expected.shape):
         raise AssertionError(f"{name} has shape {tuple(got.shape)}, expected "
-                             f"{tuple(expected.shape)} (the same shape as the input)")
+                             f"{tuple(expected.shape)}")
     if got.dtype != dtype:
-        raise AssertionError(f"{name} has dtype {got.dtype}, expected {dtype} (the input's "
-                             "dtype: compute in float32 inside the kernel, store in the "
-                             "output's dtype)")
+        raise AssertionError(f"{name} has dtype {got.dtype}, expected {dtype} ({dtype_reason})")
     if got.device != expected.device:
         raise AssertionError(f"{name} is on {got.device}, expected {expected.device}")
     atol, rtol = TOLERANCES[dtype]
     n_cols = expected.shape[-1] if expected.dim() else 1
     want = expected.detach().to(torch.float64).reshape(-1, n_cols)
     have = got.detach().to(torch.float64).reshape(-1, n_cols)
+    limit = atol + rtol * want.abs()
+    if extra_atol is not None:
+        if isinstance(extra_atol, torch.Tensor):
+            extra_atol = torch.broadcast_to(extra_atol.to(torch.float64), expected.shape
+                                            ).reshape(-1, n_cols)
+        limit = limit + extra_atol
     err = (have - want).abs()
-    bad = ~(err <= atol + rtol * want.abs())  # NaN counts as bad
+    bad = ~(err <= limit)  # NaN counts as bad
     if not bool(bad.any()):
-        return _row_scale_mismatch(name, have, want, dtype)
+        if extra_atol is not None:
+            return None
+        if bf16_truncated is None:
+            bf16_truncated = runtime.interpreted()
+        return _row_scale_mismatch(name, have, want, dtype, bf16_truncated,
+                                   row_scale_tolerance)
     poison = torch.isnan(have) & ~torch.isnan(want)
     bad_idx = bad.nonzero().tolist()
     picks = [bad_idx[0], bad_idx[len(bad_idx) // 2], bad_idx[-1]]
@@ -142,16 +167,18 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.d
         poison_cols=tuple(poison.any(dim=0).nonzero().flatten().tolist()),
         max_abs_err=float(finite_err.max()) if finite_err.numel() else float("inf"),
         examples=tuple(examples),
+        vector=expected.dim() == 1,
     )
 
 
-def _row_scale_mismatch(name: str, have: torch.Tensor, want: torch.Tensor, dtype: torch.dtype
+def _row_scale_mismatch(name: str, have: torch.Tensor, want: torch.Tensor, dtype: torch.dtype,
+                        bf16_truncated: bool, tolerance: float | None = None
                         ) -> Mismatch | None:
     """A Mismatch when long rows are scaled by a common wrong factor, else None."""
     n_rows, n_cols = want.shape
     if n_cols < ROW_SCALE_MIN_COLS:
         return None
-    if dtype == torch.bfloat16 and runtime.interpreted():
+    if dtype == torch.bfloat16 and bf16_truncated:
         # Triton's interpreter converts float32 to bfloat16 by truncation, not rounding: a
         # correct kernel's rows then shrink by ~0.3 % on average. Only a GPU can tell here
         # (and in the interpreter a bfloat16 tl.sum is garbage, caught element by element).
@@ -160,7 +187,7 @@ def _row_scale_mismatch(name: str, have: torch.Tensor, want: torch.Tensor, dtype
     rows = energy > 0  # a zero row has no scale
     scale = (have * want).sum(dim=1)[rows] / energy[rows]
     err = (scale - 1).abs()
-    limit = ROW_SCALE_TOLERANCES[dtype]
+    limit = ROW_SCALE_TOLERANCES[dtype] if tolerance is None else tolerance
     if not bool((err > limit).any()):
         return None
     row_ids = rows.nonzero().flatten()[err > limit]

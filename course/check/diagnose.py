@@ -7,10 +7,11 @@ produces exactly that pattern.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 from course import runtime
-from course.check.runner import CaseResult
+from course.check.runner import CaseResult, Suspect
 
 import torch
 
@@ -34,6 +35,9 @@ _CALL_FINDINGS = {
                               "check the row offset."),
     "cached": ("Called twice with different inputs of the same shape, your function returned "
                "the first call's result the second time. Compute every call afresh."),
+    "atomics": ("Your kernels use atomics (tl.atomic_add, ...). This exercise asks for a "
+                "deterministic reduction without them: each program writes its own partial "
+                "sums, and a second kernel adds them up."),
 }
 
 
@@ -46,7 +50,9 @@ def _tagged(results: Sequence[CaseResult], tag: str) -> list[CaseResult]:
     return [r for r in results if tag in r.case.tags]
 
 
-def _value_advice(results: Sequence[CaseResult]) -> str | None:
+def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
+    """(rule, advice) for the pattern of wrong values across cases, or None. An exercise
+    may replace a rule's advice by its key (Exercise.advice)."""
     checked = [r for r in results if r.error is None]
     wrong = [r for r in checked if r.mismatches]
     if not wrong:
@@ -63,32 +69,33 @@ def _value_advice(results: Sequence[CaseResult]) -> str | None:
 
     first = [m for r in wrong for m in r.mismatches]
     if len(wrong) == len(checked) and all(m.all_poison for m in first):
-        return ("Every output is entirely NaN, the value the checker puts in fresh memory: your "
-                "kernel never stores into the tensor you return. (Did you store to the right "
-                "pointer, and return the tensor you passed to the kernel?) Without the poison, "
-                "such a kernel can look right by accident: PyTorch hands a freed block back with "
-                "its old contents, often a previous correct answer.")
+        return "all_poison", (
+            "Every output is entirely NaN, the value the checker puts in fresh memory: your "
+            "kernel never stores into the tensor you return. (Did you store to the right "
+            "pointer, and return the tensor you passed to the kernel?) Without the poison, "
+            "such a kernel can look right by accident: PyTorch hands a freed block back with "
+            "its old contents, often a previous correct answer.")
     tails = {m.poison_tail_from() for m in first}
     if None not in tails:
         k = min(tails)
-        return (f"Columns {k} and beyond were never written (they still hold the checker's NaN): "
-                "your kernel covers only the first part of each row. Make the block cover the "
-                "whole row: BLOCK_N = triton.next_power_of_2(N) passed as a tl.constexpr, or "
-                "loop over the row in blocks.")
+        return "tail", (
+            f"Columns {k} and beyond were never written (they still hold the checker's NaN): "
+            "your kernel covers only the first part of each row. Make the block cover the "
+            "whole row: BLOCK_N = triton.next_power_of_2(N) passed as a tl.constexpr, or "
+            "loop over the row in blocks.")
     if all_wrong_have("strided") and not _tagged(right, "strided"):
-        return ("Only inputs whose rows are not contiguous fail: your kernel assumes the row "
-                "stride equals N. Pass x.stride(-2) (and the output's row stride) to the kernel "
-                "and use them for the row offset.")
+        return "strided", (
+            "Only inputs whose rows are not contiguous fail: your kernel assumes the row "
+            "stride equals N. Pass x.stride(-2) (and the output's row stride) to the kernel "
+            "and use them for the row offset.")
     # With N = 1 every output is +-weight, so a wrong row can match by chance: leave it out.
     informative = [m for m in first if m.n_cols > 1] or first
     if all(m.first_row_right_others_not for m in informative):
-        return ("Row 0 is right but the other rows are wrong: each program must offset its "
-                "pointers by its row, x_ptr + row * stride_x_row (and the same for the output).")
-    if all_wrong_have("odd_n", "wide") and all_right("pow2"):
-        return ("Cases where N is a power of two pass, the others fail: the loads (and stores) "
-                "past the end of the row are not masked. Use cols = tl.arange(0, BLOCK_N), "
-                "mask = cols < n_cols, tl.load(..., mask=mask, other=0.0) and "
-                "tl.store(..., mask=mask).")
+        return "row_offset", (
+            "Row 0 is right but the other rows are wrong: each program must offset its "
+            "pointers by its row, x_ptr + row * stride_x_row (and the same for the output).")
+    # Before the mask rule: long rows are also "odd_n", and a GPU's low-precision
+    # accumulation fails only the long 16-bit rows.
     fp32 = [r for r in checked if r.case.dtype == torch.float32]
     if all_wrong_have("half") and fp32 and all(not r.mismatches for r in fp32):
         parts = ["float32 inputs pass but 16-bit inputs fail: the statistics are computed in "
@@ -106,43 +113,125 @@ def _value_advice(results: Sequence[CaseResult]) -> str | None:
         elif _tagged(wrong, "bf16"):
             parts.append("On a GPU, tl.sum keeps the input dtype: a bfloat16 sum of many "
                          "squares loses accuracy as N grows.")
-        return " ".join(parts)
+        return "half", " ".join(parts)
+    if all_wrong_have("wide") and right and not _tagged(right, "wide"):
+        return "wide", (
+            "Only rows longer than one block fail: the loop over column blocks loses part of "
+            "the row. Accumulate across iterations (acc += ..., from zeros set before the "
+            "loop), finish the sum of squares over the whole row before normalising, and in "
+            "the second loop step through every block with the same offsets and masks.")
+    if all_wrong_have("odd_n", "wide") and all_right("pow2"):
+        return "mask", (
+            "Cases where N is a power of two pass, the others fail: the loads (and stores) "
+            "past the end of the row are not masked. Use cols = tl.arange(0, BLOCK_N), "
+            "mask = cols < n_cols, tl.load(..., mask=mask, other=0.0) and "
+            "tl.store(..., mask=mask).")
     if all_wrong_have("eps"):
-        return ("Only the case with a non-default eps fails: use the eps argument you are given "
-                "(pass it to the kernel), not a constant.")
+        return "eps", ("Only the case with a non-default eps fails: use the eps argument you "
+                       "are given (pass it to the kernel), not a constant.")
     if all_wrong_have("nd"):
-        return ("Only the 3-D input fails: normalise over the last dimension for any number of "
-                "leading dimensions (treat the input as x.reshape(-1, N) rows, and return the "
-                "input's shape).")
+        return "nd", ("Only the 3-D input fails: normalise over the last dimension for any "
+                      "number of leading dimensions (treat the input as x.reshape(-1, N) rows, "
+                      "and return the input's shape).")
     if all_wrong_have("zeros"):
-        return ("Rows of zeros fail: with eps inside the square root, 0 * rstd is 0, never NaN. "
-                "Is eps added before the square root?")
+        return "zeros", ("Rows of zeros fail: with eps inside the square root, 0 * rstd is 0, "
+                         "never NaN. Is eps added before the square root?")
     if all_wrong_have("edge"):
-        return ("Only degenerate sizes (N = 1 or M = 1) fail: check the grid (one program per "
-                "row) and that BLOCK_N is at least N.")
+        return "edge", ("Only degenerate sizes (N = 1 or M = 1) fail: check the grid (one "
+                        "program per row) and that BLOCK_N is at least N.")
     if all_wrong_have("mean"):
-        return ("Rows with a large mean fail: E[x^2] - E[x]^2 cancels catastrophically. Subtract "
-                "the mean first (x - mean), then square.")
-    return ("Values are wrong on " + _cases(wrong) + ". Compare your formula with the reference "
-            "on the first example below.")
+        return "mean", (
+            "Only rows with a large mean fail: catastrophic cancellation. With a mean of 1e4 "
+            "and a spread of 1, E[x^2] is about 1e8, of which float32 keeps about 7 digits, so "
+            "E[x^2] - E[x]^2 (a one-pass sum and sum of squares) loses the variance entirely. "
+            "Compute the mean first, then sum (x - mean)^2 in a second pass over the row (it "
+            "is still in registers), or use Welford's update.")
+    return "values", (f"Values are wrong on {_cases(wrong)}. Compare your formula with the "
+                      "reference on the first example below.")
 
 
-def advise(results: Sequence[CaseResult]) -> list[str]:
-    """Messages, most important first; empty when everything passed."""
+def _suspect_advice(results: Sequence[CaseResult], suspects: Sequence[Suspect]
+                    ) -> tuple[list[str], set[str]]:
+    """Advice for the known wrong answers that explain the failures, and the outputs they
+    explain. A suspect counts when it matches at least half the cases where its output is
+    wrong (a stray case, such as N = 1, may fail differently)."""
+    advice, explained = [], set()
+    for suspect in suspects:
+        if suspect.output in explained:
+            continue
+        wrong = [r for r in results if r.error is None
+                 and any(m.name == suspect.output for m in r.mismatches)]
+        hits = [(r, d) for r in wrong for n, d in r.hints if n == suspect.name]
+        if not hits or 2 * len(hits) < len(wrong):
+            continue
+        explained.add(suspect.output)
+        first, detail = hits[0]
+        mismatch = next(m for m in first.mismatches if m.name == suspect.output)
+        seen = f"\n  Seen on {_cases([r for r, _ in hits])}" + (f": {detail}" if detail else "")
+        advice.append(f"{suspect.advice}{seen}\n  First wrong case, {first.case.label()}:\n"
+                      f"{mismatch.describe()}")
+    return advice, explained
+
+
+def _without(results: Sequence[CaseResult], outputs: set[str]) -> list[CaseResult]:
+    """The results with the mismatches of some outputs left out."""
+    if not outputs:
+        return list(results)
+    return [dataclasses.replace(r, mismatches=tuple(m for m in r.mismatches
+                                                    if m.name not in outputs))
+            for r in results]
+
+
+def _finding_advice(failing: Sequence[CaseResult], overrides: Mapping[str, str]) -> list[str]:
+    """One message per distinct advice. Kinds this module knows come first, in its order;
+    an exercise may say more about one input ("input_written:dy"); a kind only an exercise
+    knows uses the exercise's text, or else the finding's own message."""
+    kinds = list(_CALL_FINDINGS)
+    kinds += [f.kind for r in failing for f in r.findings if f.kind not in kinds]
+    by_text: dict[str, list[tuple[CaseResult, str]]] = {}
+    for kind in dict.fromkeys(kinds):
+        for r in failing:
+            for f in r.findings:
+                if f.kind != kind:
+                    continue
+                text = (overrides.get(f"{kind}:{f.subject}") or overrides.get(kind)
+                        or _CALL_FINDINGS.get(kind) or "")
+                by_text.setdefault(text, []).append((r, f.message))
+    advice = []
+    for text, pairs in by_text.items():
+        cases: list[CaseResult] = []
+        for r, _ in pairs:
+            if not any(r is c for c in cases):
+                cases.append(r)
+        head = f"{text}\n  " if text else ""
+        advice.append(f"{head}Seen on {_cases(cases)}: {pairs[0][1]}.")
+    return advice
+
+
+def advise(results: Sequence[CaseResult], suspects: Sequence[Suspect] = (),
+           overrides: Mapping[str, str] | None = None) -> list[str]:
+    """Messages, most important first; empty when everything passed.
+
+    `suspects` are an exercise's known wrong answers (see runner.Suspect); `overrides`
+    replace the generic advice for a finding kind or a value rule, by key.
+    """
     failing = [r for r in results if not r.passed]
     if not failing:
         return []
+    overrides = overrides or {}
     advice = []
     errors = [r for r in failing if r.error]
     if errors:
         advice.append(f"Your function raised an error on {_cases(errors)}:\n{errors[0].error}")
-    for kind, text in _CALL_FINDINGS.items():
-        hits = [r for r in failing if r.finding(kind)]
-        if hits:
-            advice.append(f"{text}\n  Seen on {_cases(hits)}: {hits[0].finding(kind).message}.")
-    value = _value_advice(results)
+    advice += _finding_advice(failing, overrides)
+    suspect_advice, explained = _suspect_advice(results, suspects)
+    advice += suspect_advice
+    remaining = _without(results, explained)
+    value = _value_advice(remaining)
     if value:
-        example = next(r for r in results if r.mismatches)
+        key, text = value
+        text = overrides.get(key, text)
+        example = next(r for r in remaining if r.mismatches)
         detail = "\n".join(m.describe() for m in example.mismatches)
-        advice.append(f"{value}\n  First wrong case, {example.case.label()}:\n{detail}")
+        advice.append(f"{text}\n  First wrong case, {example.case.label()}:\n{detail}")
     return advice

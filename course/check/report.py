@@ -29,7 +29,9 @@ class Report:
             elif not r.passed:
                 verdict = "FAIL"
                 parts = [f.kind for f in r.findings]
-                parts += [f"{m.n_bad} wrong, max err {m.max_abs_err:.3g}" for m in r.mismatches]
+                parts += [f"{m.name}: {m.n_bad} wrong, max err {m.max_abs_err:.3g}" if m.n_bad
+                          else f"{m.name}: rows off by a common factor (up to "
+                               f"{100 * m.row_scale_err:.2f} %)" for m in r.mismatches]
                 detail = "; ".join(parts)
             else:
                 verdict = "ok"

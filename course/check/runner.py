@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +17,24 @@ from course.check.inputs import GuardedInput
 import torch
 
 Inputs = dict[str, GuardedInput]
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A wrong answer learners often produce. When an output that fails matches it on most of
+    the cases where that output fails, the advice names the bug instead of the numbers.
+
+    Give either `expected` (the wrong answer in float64, compared with the usual tolerance;
+    None where it does not apply) or `matches` (returns a detail for the message when `got`
+    is that wrong answer, None otherwise).
+    """
+
+    name: str
+    output: str
+    advice: str
+    expected: Callable[[Tensors, Case], torch.Tensor | None] | None = None
+    matches: Callable[[Tensors, Case, torch.Tensor], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -27,19 +45,48 @@ class Exercise:
     signature: str                      # shown in messages: how the checker calls you
     cases: tuple[Case, ...]
     make_inputs: Callable[[Case, torch.Generator], Inputs]
-    call: Callable[[Callable, dict[str, torch.Tensor], Case], object]
-    expected: Callable[[dict[str, torch.Tensor], Case], tuple[torch.Tensor, ...]]  # float64
+    call: Callable[[Callable, Tensors, Case], object]
+    expected: Callable[[Tensors, Case], tuple[torch.Tensor, ...]]  # float64
     output_names: tuple[str, ...]
     max_launches: int = 1
+    min_launches: int = 1               # 0: plain PyTorch, no kernel needed
+    torch_ops_allowed: bool = False     # True for the plain-PyTorch exercise
+    atomics_allowed: bool = True
+    # Output dtypes for a case (default: every output in the input's dtype).
+    dtypes: Callable[[Case], tuple[torch.dtype, ...]] | None = None
+    # Absolute error a correct float32 computation may add to an output beyond rounding it
+    # once (see compare): (output name, inputs, case) -> number, tensor or None.
+    extra_atol: Callable[[str, Tensors, Case], float | torch.Tensor | None] | None = None
+    suspects: tuple[Suspect, ...] = ()
+    # Advice that replaces the generic text for a finding kind ("extra_launches"), a finding
+    # about one input ("input_written:dy") or a value pattern ("half", "mean", ...).
+    advice: Mapping[str, str] = field(default_factory=dict)
+    dtype_reasons: Mapping[str, str] = field(default_factory=dict)  # output name -> why
+    outputs_from_triton: bool = True    # False: the interpreter's bf16 rounding is not theirs
+    # Per output dtype, the row-scale tolerance where it differs from compare's default.
+    row_scale_tolerances: Mapping[torch.dtype, float] = field(default_factory=dict)
+    # Exercise-specific findings read from what the call did (the ops it ran, say).
+    inspect: Callable[[sandbox.CallRecord, Case], list[Finding]] | None = None
 
     def output_dtypes(self, case: Case) -> tuple[torch.dtype, ...]:
+        if self.dtypes is not None:
+            return tuple(self.dtypes(case))
         return (case.dtype,) * len(self.output_names)
+
+    def compare(self, name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype,
+                inputs: Tensors, case: Case) -> Mismatch | None:
+        extra = self.extra_atol(name, inputs, case) if self.extra_atol is not None else None
+        kwargs = {"dtype_reason": self.dtype_reasons[name]} if name in self.dtype_reasons else {}
+        return compare(name, got, want, dtype, extra_atol=extra,
+                       bf16_truncated=runtime.interpreted() and self.outputs_from_triton,
+                       row_scale_tolerance=self.row_scale_tolerances.get(dtype), **kwargs)
 
 
 @dataclass(frozen=True)
 class Finding:
     kind: str       # no_launch, extra_launches, torch_ops, input_written, ...
     message: str
+    subject: str = ""  # the input a finding is about, if any (advice may be specific to it)
 
 
 @dataclass
@@ -52,6 +99,7 @@ class CaseResult:
     launches: tuple[str, ...] = ()
     copies: tuple[str, ...] = ()
     outputs: tuple[torch.Tensor, ...] = field(default=(), repr=False)
+    hints: tuple[tuple[str, str], ...] = ()  # (suspect name, detail) for matched suspects
 
     @property
     def passed(self) -> bool:
@@ -75,7 +123,9 @@ def _learner_frame(exc: BaseException) -> str:
     return ""
 
 
-def _explain(exc: BaseException) -> tuple[str, bool]:
+def explain_error(exc: BaseException) -> tuple[str, bool]:
+    """The learner's exception as a report line (with the line of their code that raised
+    it), and whether it left the GPU unusable."""
     text = f"{type(exc).__name__}: {exc}".strip()
     if len(text) > 600:
         text = text[:600] + " ..."
@@ -95,17 +145,23 @@ def _normalise_outputs(out: object, n: int, signature: str) -> tuple[torch.Tenso
     return tuple(outs)
 
 
-def _launch_findings(record: sandbox.CallRecord, max_launches: int) -> list[Finding]:
+def _launch_findings(record: sandbox.CallRecord, exercise: Exercise) -> list[Finding]:
     findings = []
-    if not record.launches:
+    max_launches = exercise.max_launches
+    if not record.launches and exercise.min_launches > 0:
         findings.append(Finding("no_launch", "returned a result without launching any Triton "
                                 "kernel"))
     elif len(record.launches) > max_launches:
+        allowed = (f"this exercise allows {max_launches}" if max_launches else
+                   "this exercise is plain PyTorch, without Triton")
         findings.append(Finding(
             "extra_launches",
             f"launched {len(record.launches)} Triton kernels ({', '.join(record.launches)}); "
-            f"this exercise allows {max_launches}"))
-    if record.forbidden_ops:
+            f"{allowed}"))
+    if record.atomic_kernels and not exercise.atomics_allowed:
+        names = ", ".join(dict.fromkeys(record.atomic_kernels))
+        findings.append(Finding("atomics", f"launched kernels that use atomics ({names})"))
+    if record.forbidden_ops and not exercise.torch_ops_allowed:
         by_site: dict[str, list[str]] = {}
         for use in record.forbidden_ops:
             ops = by_site.setdefault(use.site, [])
@@ -116,13 +172,14 @@ def _launch_findings(record: sandbox.CallRecord, max_launches: int) -> list[Find
     return findings
 
 
-def _memory_findings(record: sandbox.CallRecord, inputs: Inputs) -> list[Finding]:
+def memory_findings(record: sandbox.CallRecord, inputs: Inputs) -> list[Finding]:
+    """Writes into the inputs or around them, and outside the tensors the call allocated."""
     findings = []
     for name, g in inputs.items():
         inside, outside = g.writes()
         if inside:
             findings.append(Finding("input_written",
-                                    f"changed {inside} element(s) of the input `{name}`"))
+                                    f"changed {inside} element(s) of the input `{name}`", name))
         if outside:
             findings.append(Finding("input_guard_written",
                                     f"wrote {outside} element(s) into memory around the input "
@@ -158,23 +215,49 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator)
             raw = exercise.call(fn, views, case)
         runtime.synchronize()  # asynchronous GPU faults surface here, inside the try
     except Exception as exc:  # the learner's code (its own asserts too) becomes a report line
-        text, fatal = _explain(exc)
+        text, fatal = explain_error(exc)
         return CaseResult(case, error=text, fatal=fatal)
     outputs = _normalise_outputs(raw, len(exercise.output_names), exercise.signature)
 
-    findings = (_launch_findings(record, exercise.max_launches)
-                + _memory_findings(record, inputs)
-                + _provenance_findings(record, exercise.output_names, outputs))
+    findings = _launch_findings(record, exercise) + memory_findings(record, inputs)
+    if exercise.inspect is not None:
+        findings += exercise.inspect(record, case)
+    if not exercise.torch_ops_allowed:  # computing with torch is the plain-PyTorch exercise
+        findings += _provenance_findings(record, exercise.output_names, outputs)
 
     expected = exercise.expected(originals, case)
     mismatches = []
     for name, got, want, dtype in zip(exercise.output_names, outputs, expected,
                                       exercise.output_dtypes(case), strict=True):
-        m = compare(name, got, want, dtype)
+        m = exercise.compare(name, got, want, dtype, originals, case)
         if m is not None:
             mismatches.append(m)
+    hints = suspect_hints(exercise, originals, case,
+                          dict(zip(exercise.output_names, outputs, strict=True)),
+                          {m.name for m in mismatches})
     return CaseResult(case, tuple(mismatches), tuple(findings), launches=tuple(record.launches),
-                      copies=tuple(str(c) for c in record.copies), outputs=outputs)
+                      copies=tuple(str(c) for c in record.copies), outputs=outputs, hints=hints)
+
+
+def suspect_hints(exercise: Exercise, inputs: Tensors, case: Case,
+                  outputs: dict[str, torch.Tensor], wrong: set[str]
+                  ) -> tuple[tuple[str, str], ...]:
+    """(name, detail) of every suspect that a wrong output matches."""
+    hints = []
+    for suspect in exercise.suspects:
+        got = outputs.get(suspect.output)
+        if suspect.output not in wrong or not isinstance(got, torch.Tensor):
+            continue
+        if suspect.matches is not None:
+            detail = suspect.matches(inputs, case, got)
+        else:
+            want = suspect.expected(inputs, case)
+            same = (want is not None and want.shape == got.shape and exercise.compare(
+                suspect.output, got, want, got.dtype, inputs, case) is None)
+            detail = "" if same else None
+        if detail is not None:
+            hints.append((suspect.name, detail))
+    return tuple(hints)
 
 
 def probe_caching(exercise: Exercise, fn: Callable, case: Case, seed: int) -> Finding | None:
@@ -186,7 +269,8 @@ def probe_caching(exercise: Exercise, fn: Callable, case: Case, seed: int) -> Fi
     second = run_case(exercise, fn, case, torch.Generator().manual_seed(seed + 202))
     if second.error or not second.mismatches:
         return None  # an error here is reported by the main cases
-    same_as_before = all(compare(n, o, p.to(torch.float64), d) is None
+    same_as_before = all(isinstance(o, torch.Tensor) and isinstance(p, torch.Tensor)
+                         and compare(n, o, p.to(torch.float64), d) is None
                          for n, o, p, d in zip(exercise.output_names, second.outputs,
                                                first.outputs, exercise.output_dtypes(case),
                                                strict=True))

@@ -3,7 +3,10 @@ and what memory it was handed.
 
 While a call runs inside `watch()`:
 
-- every Triton launch (`kernel[grid](...)`) is counted, by name;
+- every Triton launch (`kernel[grid](...)`) is counted, by name, and launches that ran
+  atomics are noted (the interpreter's atomic operations are watched as they run; on a
+  GPU the compiled kernel's IR is read, so an atomic in a branch a constexpr removed does
+  not count);
 - every torch op the wrapper runs is seen through a TorchDispatchMode. Allocations,
   views, fills and copies are allowed (copies are noted, since they cost bandwidth);
   anything that computes (mul, pow, mean, rms_norm, ...) is recorded as a violation,
@@ -71,9 +74,20 @@ def _learner_site() -> str:
 class OpUse:
     op: str
     site: str
+    dtype: str = ""  # the dtype the op computes in: its dtype= argument, else its first tensor's
 
     def __str__(self) -> str:
         return f"{self.op} ({self.site})"
+
+
+def _compute_dtype(args: tuple, kwargs: dict) -> str:
+    requested = kwargs.get("dtype")
+    if isinstance(requested, torch.dtype):
+        return str(requested).replace("torch.", "")
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return str(arg.dtype).replace("torch.", "")
+    return ""
 
 
 @dataclass
@@ -125,11 +139,13 @@ class CallRecord:
     """What one call did."""
 
     launches: list[str] = field(default_factory=list)
+    atomic_kernels: list[str] = field(default_factory=list)  # launched kernels using atomics
     launched_storages: set[int] = field(default_factory=set)  # storages passed to kernels
     forbidden_ops: list[OpUse] = field(default_factory=list)
     copies: list[OpUse] = field(default_factory=list)
     allocations: list[PoisonedAllocation] = field(default_factory=list)
     _in_launch: int = 0
+    _atomic_ran: bool = False
 
     def margin_writes(self) -> list[tuple[PoisonedAllocation, int, int]]:
         hits = []
@@ -158,7 +174,8 @@ class _Interceptor(TorchDispatchMode):
         if packet in _COPIES:
             record.copies.append(OpUse(str(func), _learner_site()))
             return func(*args, **kwargs)
-        record.forbidden_ops.append(OpUse(str(func), _learner_site()))
+        record.forbidden_ops.append(OpUse(str(func), _learner_site(),
+                                          _compute_dtype(args, kwargs)))
         return func(*args, **kwargs)
 
     def _poisoned(self, plain: torch.Tensor) -> torch.Tensor:
@@ -196,15 +213,20 @@ def _count_launches(record: CallRecord) -> Iterator[None]:
         launcher = original(self, grid)
 
         def launch(*args, **kwargs):
-            record.launches.append(_kernel_name(self))
+            name = _kernel_name(self)
+            record.launches.append(name)
             for arg in (*args, *kwargs.values()):
                 if isinstance(arg, torch.Tensor):
                     record.launched_storages.add(arg.untyped_storage().data_ptr())
             record._in_launch += 1
+            record._atomic_ran = False
             try:
-                return launcher(*args, **kwargs)
+                compiled = launcher(*args, **kwargs)
             finally:
                 record._in_launch -= 1
+            if record._atomic_ran or _compiled_uses_atomics(compiled):
+                record.atomic_kernels.append(name)
+            return compiled
 
         return launch
 
@@ -215,9 +237,45 @@ def _count_launches(record: CallRecord) -> Iterator[None]:
         KernelInterface.__getitem__ = original
 
 
+def _compiled_uses_atomics(compiled: object) -> bool:
+    """Whether a compiled GPU kernel (what a launch returns) contains atomic operations."""
+    asm = getattr(compiled, "asm", None)
+    ttir = asm.get("ttir", "") if isinstance(asm, dict) else ""
+    return isinstance(ttir, str) and ("tt.atomic_rmw" in ttir or "tt.atomic_cas" in ttir)
+
+
+_INTERPRETER_ATOMICS = ("create_atomic_rmw", "create_atomic_cas")
+
+
+@contextlib.contextmanager
+def _watch_interpreter_atomics(record: CallRecord) -> Iterator[None]:
+    """In the interpreter, note every atomic operation a kernel performs."""
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:  # a Triton without the interpreter: GPU kernels are read instead
+        yield
+        return
+    originals = {name: getattr(InterpreterBuilder, name) for name in _INTERPRETER_ATOMICS
+                 if hasattr(InterpreterBuilder, name)}
+
+    def noting(original):
+        def create(self, *args, **kwargs):
+            record._atomic_ran = True
+            return original(self, *args, **kwargs)
+        return create
+
+    for name, original in originals.items():
+        setattr(InterpreterBuilder, name, noting(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(InterpreterBuilder, name, original)
+
+
 @contextlib.contextmanager
 def watch() -> Iterator[CallRecord]:
     """Run the body with launches counted, torch ops intercepted and allocations poisoned."""
     record = CallRecord()
-    with _count_launches(record), _Interceptor(record):
+    with _count_launches(record), _watch_interpreter_atomics(record), _Interceptor(record):
         yield record

@@ -1,0 +1,295 @@
+"""Checker for chapter 07's second exercise: RMSNorm as a `torch.autograd.Function`.
+
+The learner writes `class RMSNormFunction(torch.autograd.Function)` whose forward runs
+their forward kernel (saving rstd) and whose backward runs their backward kernels;
+`RMSNormFunction.apply(x, weight, eps)` returns y. The checker runs y.backward(dy) and
+compares y, x.grad and weight.grad with the float64 reference, for inputs that all require
+grad and for inputs of which only one does.
+
+backward must return one value per input of forward: (dx, dw, None), None for eps. PyTorch
+raises for too few, but accepts extra trailing Nones without a word, so the checker counts
+what backward returns itself, through a subclass that wraps it.
+
+Last, if the learner's kernels compute in float64 when given float64, a
+`torch.autograd.gradcheck` on a tiny case compares backward with finite differences of
+forward. Kernels that compute in float32 whatever they are given cannot pass it (a
+finite-difference step of 1e-6 is below float32's resolution); for those it is skipped,
+and the report says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from course import reference, runtime
+from course.check import sandbox
+from course.check.backward import RMSNORM_BACKWARD, dw_sum_atol, dw_terms
+from course.check.cases import Case
+from course.check.compare import TOLERANCES, compare
+from course.check.diagnose import advise
+from course.check.report import Report
+from course.check.runner import (
+    CaseResult,
+    Finding,
+    explain_error,
+    fresh_seed,
+    memory_findings,
+    suspect_hints,
+)
+
+import torch
+
+f32, f16, F64 = torch.float32, torch.float16, torch.float64
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class _GradCase:
+    case: Case
+    x_requires_grad: bool = True
+    weight_requires_grad: bool = True
+
+
+_CASES = (
+    _GradCase(Case("x and weight require grad", (16, 64), f32, frozenset({"pow2"}))),
+    _GradCase(Case("odd N, float16", (5, 100), f16, frozenset({"odd_n", "half"}))),
+    _GradCase(Case("3-D input, strided rows", (2, 3, 32), f32, frozenset({"nd", "strided"}),
+                   row_padding=8)),
+    _GradCase(Case("only x requires grad", (4, 64), f32, frozenset({"pow2"})),
+              weight_requires_grad=False),
+    _GradCase(Case("only weight requires grad", (4, 64), f32, frozenset({"pow2"})),
+              x_requires_grad=False),
+)
+
+_GRADCHECK_CASE = Case("gradcheck, float64", (3, 8), F64)
+
+_ADVICE = {
+    "grad_count": (
+        "backward must return exactly one value per input of forward: forward takes x, "
+        "weight and eps, so `return dx, dw, None` (None for eps, which is not a tensor). "
+        "PyTorch raises for too few values and silently drops extra Nones, which hides the "
+        "mismatch instead of fixing it."),
+    "grad_for_eps": (
+        "backward returned a gradient for eps: eps is a float, not a tensor, so its gradient "
+        "must be None: `return dx, dw, None`."),
+    "no_forward_launch": (
+        "Your Function's forward launched no Triton kernel: call your forward kernel (the "
+        "one that also saves rstd) inside forward."),
+    "no_backward_launch": (
+        "Your Function's backward launched no Triton kernel: call your backward kernels "
+        "inside backward, with the rstd that forward saved (ctx.save_for_backward)."),
+    "not_differentiable": (
+        "y does not require grad although an input does: return the output of forward as it "
+        "is (no .detach(), no torch.no_grad()), and call the Function through .apply."),
+    "missing_grad": (
+        "backward returned None for an input that requires grad. Return dx when "
+        "ctx.needs_input_grad[0] is true and dw when ctx.needs_input_grad[1] is (or always "
+        "return both)."),
+    "torch_ops": (
+        "Your Function computes with PyTorch in forward or backward. The arithmetic belongs "
+        "in your kernels: forward calls the forward kernel (which also writes rstd), "
+        "backward calls the backward kernels; around them, only allocations, views and "
+        "ctx.save_for_backward."),
+    "gradcheck": (
+        "torch.autograd.gradcheck failed in float64: the gradients from your backward differ "
+        "from finite differences of your forward."),
+}
+
+_GRAD_COUNT = re.compile(r"incorrect number of gradients \(expected (\d+), got (\d+)\)")
+
+
+def _probe_class(function_class: type) -> tuple[type, list[int]]:
+    """A subclass of the learner's Function that records how many values backward
+    returns. Subclassing keeps their forward (or setup_context) as it is."""
+    returned: list[int] = []
+    original = function_class.backward
+
+    def backward(ctx, *grads):
+        out = original(ctx, *grads)
+        returned.append(len(out) if isinstance(out, tuple) else 1)
+        return out
+
+    probe = type(f"Checked{function_class.__name__}", (function_class,),
+                 {"backward": staticmethod(backward)})
+    return probe, returned
+
+
+def _grad_count_finding(count: int) -> Finding:
+    if count > 3:
+        what = (f"returned {count} values for 3 inputs (x, weight, eps); the {count - 3} "
+                "extra one(s) are None, so PyTorch dropped them without a word")
+    else:
+        what = f"returned {count} value(s) for 3 inputs (x, weight, eps)"
+    return Finding("grad_count", f"backward {what}")
+
+
+def _launch_and_op_findings(record: sandbox.CallRecord, phase: str) -> list[Finding]:
+    findings = []
+    if not record.launches:
+        findings.append(Finding(f"no_{phase}_launch", f"{phase} launched no Triton kernel"))
+    if record.forbidden_ops:
+        by_site: dict[str, list[str]] = {}
+        for use in record.forbidden_ops:
+            by_site.setdefault(use.site, [])
+            if use.op not in by_site[use.site]:
+                by_site[use.site].append(use.op)
+        sites = [f"{', '.join(ops)} at {site}" for site, ops in by_site.items()]
+        more = f"; and {len(sites) - 3} more lines" if len(sites) > 3 else ""
+        findings.append(Finding("torch_ops", f"{phase} ran PyTorch compute ops: "
+                                + "; ".join(sites[:3]) + more))
+    return findings
+
+
+def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator) -> CaseResult:
+    case = spec.case
+    x_in = case.make_input(gen)
+    w_in = case.make_vector(gen)
+    dy_in = case.make_like_input(gen)
+    x, w, dy = x_in.tensor, w_in.tensor, dy_in.tensor
+    originals = {"x": x.detach().clone(), "weight": w.detach().clone(),
+                 "dy": dy.detach().clone()}
+    originals["rstd"] = reference.rmsnorm_rstd(originals["x"], EPS).to(f32)
+    x.requires_grad_(spec.x_requires_grad)
+    w.requires_grad_(spec.weight_requires_grad)
+    probe, returned = _probe_class(function_class)
+    findings: list[Finding] = []
+    launches: list[str] = []
+    allocated = sandbox.CallRecord()  # what forward and backward allocated, for margin checks
+    try:
+        with sandbox.watch() as fwd:
+            y = probe.apply(x, w, EPS)
+        allocated.allocations += fwd.allocations
+        findings += _launch_and_op_findings(fwd, "forward")
+        launches += fwd.launches
+        if not isinstance(y, torch.Tensor):
+            raise AssertionError(f"apply(x, weight, eps) returned {type(y).__name__}, "
+                                 "expected the tensor y")
+        expected_y = reference.rmsnorm(originals["x"], originals["weight"], EPS)
+        mismatches = [m for m in [compare("y", y, expected_y, case.dtype)] if m is not None]
+        if not y.requires_grad:
+            findings.append(Finding("not_differentiable", "y.requires_grad is False"))
+            return CaseResult(case, tuple(mismatches), tuple(findings),
+                              launches=tuple(launches))
+        try:
+            with sandbox.watch() as bwd:
+                y.backward(dy)
+        except RuntimeError as exc:
+            if returned and returned[-1] != 3:
+                findings.append(_grad_count_finding(returned[-1]))
+                return CaseResult(case, tuple(mismatches), tuple(findings),
+                                  launches=tuple(launches))
+            count = _GRAD_COUNT.search(str(exc))
+            if count:
+                findings.append(_grad_count_finding(int(count.group(2))))
+            elif "different than None at position 3" in str(exc):
+                findings.append(Finding("grad_for_eps", "backward returned a value for eps"))
+            else:
+                raise
+            return CaseResult(case, tuple(mismatches), tuple(findings),
+                              launches=tuple(launches))
+        findings += _launch_and_op_findings(bwd, "backward")
+        launches += bwd.launches
+        allocated.allocations += bwd.allocations
+        if returned and returned[-1] != 3:
+            findings.append(_grad_count_finding(returned[-1]))
+    except Exception as exc:  # the learner's code: reported with the case, not raised
+        text, fatal = explain_error(exc)
+        return CaseResult(case, error=text, fatal=fatal)
+    findings += memory_findings(allocated, {"x": x_in, "weight": w_in, "dy": dy_in})
+
+    dx_want, dw_want = reference.rmsnorm_backward(originals["x"], originals["weight"],
+                                                  originals["dy"], eps=EPS)
+    outputs: dict[str, torch.Tensor] = {}
+    for name, leaf, wanted, want, extra in (
+            ("dx", x, spec.x_requires_grad, dx_want, None),
+            ("dw", w, spec.weight_requires_grad, dw_want, dw_sum_atol(dw_terms(originals)))):
+        if not wanted:
+            continue  # autograd itself keeps .grad None for inputs that do not require it
+        if leaf.grad is None:
+            label = "x" if name == "dx" else "weight"
+            findings.append(Finding("missing_grad",
+                                    f"{label}.grad is None although {label} requires grad"))
+            continue
+        outputs[name] = leaf.grad
+        m = compare(name, leaf.grad, want, leaf.dtype, extra_atol=extra)
+        if m is not None:
+            mismatches.append(m)
+    hints = suspect_hints(RMSNORM_BACKWARD, originals, case, outputs,
+                          {m.name for m in mismatches})
+    return CaseResult(case, tuple(mismatches), tuple(findings), launches=tuple(launches),
+                      outputs=tuple(outputs.values()), hints=hints)
+
+
+def _gradcheck(function_class: type, gen: torch.Generator) -> tuple[CaseResult | None, str]:
+    """gradcheck on a tiny float64 case when the learner's kernels compute in float64:
+    (result, "") when it ran, (None, why not) when it was skipped."""
+    case = _GRADCHECK_CASE
+    x = torch.randn(case.shape, generator=gen, dtype=F64).to(runtime.DEVICE)
+    w = (torch.rand(case.n, generator=gen, dtype=F64) + 0.5).to(runtime.DEVICE)
+    skip = "skipped the float64 gradcheck: "
+    try:
+        y = function_class.apply(x, w, EPS)
+    except Exception as exc:
+        why = explain_error(exc)[0]
+        return None, skip + (f"your kernels do not run on float64 inputs ({why}). That is "
+                             "allowed; gradcheck needs float64 arithmetic.")
+    want = reference.rmsnorm(x, w, EPS)
+    if not isinstance(y, torch.Tensor) or y.dtype != F64 or y.shape != want.shape:
+        what = type(y).__name__ if not isinstance(y, torch.Tensor) else y.dtype
+        return None, skip + f"given float64 inputs your forward returns {what}."
+    err = float((y.detach() - want).abs().max())
+    if not err <= TOLERANCES[F64][0] * 10 + TOLERANCES[F64][1] * float(want.abs().max()):
+        return None, skip + (f"given float64 inputs your forward is off by up to {err:.1e}: "
+                             "it computes in lower precision (float32?), and finite "
+                             "differences need float64 arithmetic.")
+    xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    findings = []
+    try:
+        with sandbox.watch() as record:
+            passed = torch.autograd.gradcheck(lambda a, b: function_class.apply(a, b, EPS),
+                                              (xg, wg), eps=1e-6, atol=1e-5, rtol=1e-3,
+                                              raise_exception=False)
+    except Exception as exc:
+        return CaseResult(case, error=explain_error(exc)[0]), ""
+    if not passed:
+        findings.append(Finding("gradcheck", "gradcheck returned False"))
+    return CaseResult(case, findings=tuple(findings), launches=tuple(record.launches)), ""
+
+
+def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
+                     quiet: bool = False) -> Report:
+    """Check a learner's `RMSNormFunction` (a torch.autograd.Function used as
+    `RMSNormFunction.apply(x, weight, eps)`): y, x.grad and weight.grad against float64,
+    the number of values backward returns, gradients only where inputs require them, and
+    a float64 gradcheck where the kernels support float64. Raise AssertionError with advice
+    on failure; return the report (printed unless quiet)."""
+    if not (isinstance(function_class, type)
+            and issubclass(function_class, torch.autograd.Function)):
+        raise TypeError("pass your class itself, e.g. rmsnorm_autograd(RMSNormFunction): a "
+                        "subclass of torch.autograd.Function, not "
+                        f"{type(function_class).__name__}")
+    seed = fresh_seed() if seed is None else int(seed)
+    results = []
+    for index, spec in enumerate(_CASES):
+        gen = torch.Generator().manual_seed(seed * 1000 + index)
+        results.append(_run_case(function_class, spec, gen))
+        if results[-1].fatal:
+            break
+    notes = []
+    if all(r.passed for r in results):
+        checked, why_not = _gradcheck(function_class, torch.Generator().manual_seed(seed))
+        if checked is not None:
+            results.append(checked)
+        else:
+            notes.append(why_not)
+    else:  # it would only repeat what the failures above say
+        notes.append("the float64 gradcheck runs once the cases above pass")
+    report = Report("rmsnorm_autograd", seed, results,
+                    advise(results, RMSNORM_BACKWARD.suspects, _ADVICE), notes)
+    if not report.passed:
+        raise AssertionError(report.message())
+    if not quiet:
+        report.show()
+    return report
+

@@ -1,0 +1,175 @@
+"""Checkers for chapter 06's exercise: the LayerNorm forward kernel.
+
+The learner writes `layernorm(x, weight, bias, eps=1e-5) -> y`, one launch:
+y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension, with the biased
+variance (divided by N, as torch.nn.functional.layer_norm). Besides the usual cases, rows
+with a mean of 1e3 to 1e4 and a spread of 1 expose a one-pass kernel that computes the
+variance as E[x^2] - E[x]^2: in float32 that difference cancels catastrophically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from course import reference, runtime, traffic
+from course.check.bandwidth import BandwidthResult, check_bandwidth, verify_outputs
+from course.check.cases import Case
+from course.check.report import Report
+from course.check.runner import Exercise, Inputs, Suspect, Tensors
+from course.check.suite import check_and_raise
+
+import torch
+
+f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+EPS = 1e-5
+_F32_UNIT = 2.0 ** -24  # float32 rounding: half an ulp, relative
+
+
+def _cases() -> tuple[Case, ...]:
+    def case(name, shape, dtype, tags, **kw):
+        return Case(name, shape, dtype, frozenset(tags), eps=kw.pop("eps", EPS), **kw)
+
+    cases = [
+        case("power-of-two N", (8, 128), f32, {"pow2"}),
+        case("odd N", (7, 100), f32, {"odd_n"}),
+        case("N = 1", (5, 1), f32, {"edge"}),
+        case("M = 1", (1, 257), f32, {"edge", "odd_n"}),
+        case("wide rows", (3, 3000), f32, {"wide", "odd_n"}),
+        case("strided rows", (6, 128), f32, {"strided"}, row_padding=40),
+        case("3-D input", (2, 3, 64), f32, {"nd", "pow2"}),
+        case("rows of zeros", (6, 64), f32, {"zeros", "pow2"}, zero_rows=(1, 4)),
+        case("custom eps", (4, 64), f32, {"eps", "pow2"}, scale=0.05, eps=0.01),
+        # Mean >> spread: E[x^2] - E[x]^2 cancels. Power-of-two N, so that a kernel failing
+        # only these is not mistaken for one missing a mask.
+        case("mean 1e3", (8, 512), f32, {"mean", "pow2"}, offset=1e3),
+        case("mean 1e4", (8, 256), f32, {"mean", "pow2"}, offset=1e4),
+        case("float16", (8, 256), f16, {"half", "pow2"}),
+        case("float16, odd N", (9, 300), f16, {"half", "odd_n"}),
+        case("bfloat16, long rows", (4, 4096), bf16, {"half", "bf16", "long"},
+             offset=1.0, scale=0.5),
+    ]
+    if runtime.on_gpu():
+        cases += [
+            case("mean 1e4, long rows", (64, 8192), f32, {"mean", "pow2"}, offset=1e4),
+            case("bfloat16, very long rows", (32, 65536), bf16, {"half", "bf16", "long"},
+                 offset=1.0, scale=0.5),
+            case("large M", (4099, 1024), bf16, {"half", "bf16", "pow2"}),
+        ]
+    return tuple(cases)
+
+
+def _inputs(case: Case, gen: torch.Generator) -> Inputs:
+    return {"x": case.make_input(gen), "weight": case.make_vector(gen),
+            "bias": case.make_vector(gen, low=-1.0, high=1.0)}
+
+
+def _call(fn: Callable, t: Tensors, case: Case) -> object:
+    return fn(t["x"], t["weight"], t["bias"], eps=case.eps)
+
+
+def _expected(t: Tensors, case: Case) -> tuple[torch.Tensor]:
+    return (reference.layernorm(t["x"], t["weight"], t["bias"], eps=case.eps),)
+
+
+def mean_error_atol(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """What a correct float32 kernel may get wrong on rows whose mean dwarfs their spread.
+
+    No float32 kernel holds the mean more precisely than a few units in its last place, and
+    summing N values to get it costs about log2(N) more. An error d in the mean shifts
+    every x - mean by d, so y by d * rstd * weight. Per element: a bound on that.
+    """
+    n = x.shape[-1]
+    mean, rstd = reference.layernorm_stats(x, eps)
+    units = 4.0 * (math.log2(n) + 2.0)
+    return (units * _F32_UNIT * (mean.abs() * rstd).unsqueeze(-1)
+            * weight.to(torch.float64).abs())
+
+
+def _extra_atol(name: str, t: Tensors, case: Case) -> torch.Tensor | None:
+    if "mean" not in case.tags:
+        return None
+    return mean_error_atol(t["x"], t["weight"], case.eps)
+
+
+def _unbiased(t: Tensors, case: Case) -> torch.Tensor | None:
+    n = case.n
+    if n < 2:
+        return None
+    x64 = t["x"].to(torch.float64)
+    mean = x64.mean(dim=-1, keepdim=True)
+    var = (x64 - mean).square().sum(dim=-1, keepdim=True) / (n - 1)
+    return ((x64 - mean) * torch.rsqrt(var + case.eps) * t["weight"].to(torch.float64)
+            + t["bias"].to(torch.float64))
+
+
+def _no_mean(t: Tensors, case: Case) -> torch.Tensor:
+    return reference.rmsnorm(t["x"], t["weight"], eps=case.eps) + t["bias"].to(torch.float64)
+
+
+SUSPECTS = (
+    Suspect("missing_bias", "y",
+            "y lacks the bias: y = (x - mean) * rstd * weight + bias.",
+            expected=lambda t, c: reference.layernorm(t["x"], t["weight"],
+                                                      torch.zeros_like(t["bias"]), eps=c.eps)),
+    Suspect("unbiased_variance", "y",
+            "You divide the sum of squared deviations by N - 1 (the unbiased variance, "
+            "torch.var's default). LayerNorm uses the biased variance, divided by N, as "
+            "torch.nn.functional.layer_norm does.", expected=_unbiased),
+    Suspect("mean_not_subtracted", "y",
+            "y is x / sqrt(mean(x^2) + eps) * weight + bias: the mean is never subtracted "
+            "(that is RMSNorm plus a bias). Compute mean = sum(x) / N, then use x - mean both "
+            "in the variance and in the output.", expected=_no_mean),
+)
+
+LAYERNORM_FORWARD = Exercise(
+    name="layernorm_forward",
+    signature="layernorm(x, weight, bias, eps=1e-5) -> y",
+    cases=_cases(),
+    make_inputs=_inputs,
+    call=_call,
+    expected=_expected,
+    output_names=("y",),
+    max_launches=1,
+    extra_atol=_extra_atol,
+    suspects=SUSPECTS,
+    advice={
+        "input_written:x": ("Your kernel writes into `x`. Store to the output pointer (y_ptr), "
+                            "never to x_ptr, the weight or the bias."),
+        "zeros": ("Rows of zeros fail: their variance is 0, so y must be the bias exactly. Is "
+                  "eps added inside the square root, and is every masked lane loaded as 0?"),
+    },
+)
+
+
+def layernorm_forward(fn: Callable, *, seed: int | None = None, quiet: bool = False) -> Report:
+    """Check a learner's `layernorm(x, weight, bias, eps=1e-5)` on every case; raise
+    AssertionError with advice on failure, return the report (printed unless quiet)."""
+    return check_and_raise(LAYERNORM_FORWARD, fn, seed=seed, quiet=quiet)
+
+
+def layernorm_forward_bandwidth(fn: Callable, *, target: float = 0.75,
+                                shape: tuple[int, int] = (16384, 4096),
+                                dtype: torch.dtype | None = None, retries: int = 3,
+                                on_cpu: str = "skip") -> BandwidthResult | None:
+    """On a GPU: check the output at `shape`, then require `target` of the copy bandwidth
+    (ideal bytes: x, the weight and the bias read once, y written once)."""
+    if dtype is None:
+        dtype = bf16 if runtime.supports_bf16() else f16
+    m, n = shape
+    label = f"layernorm {m}x{n} {str(dtype).replace('torch.', '')}"
+
+    def make_args():
+        return (torch.randn(shape, dtype=dtype, device=runtime.DEVICE),
+                torch.rand(n, dtype=dtype, device=runtime.DEVICE) + 0.5,
+                torch.rand(n, dtype=dtype, device=runtime.DEVICE) - 0.5)
+
+    if runtime.on_gpu():
+        x, w, b = make_args()
+        verify_outputs(label, ("y",), fn(x, w, b, eps=EPS),
+                       (reference.layernorm(x, w, b, eps=EPS),), (dtype,))
+    nbytes = traffic.layernorm(m, n, dtype, save_stats=False).bytes
+    return check_bandwidth(label, fn, make_args, nbytes, target=target, retries=retries,
+                           on_cpu=on_cpu, advice="A fused LayerNorm reads each row once: keep "
+                           "the row in registers for both statistics and the output, "
+                           "BLOCK_N = next_power_of_2(N), num_warps by block size.")

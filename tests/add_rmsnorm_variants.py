@@ -1,0 +1,99 @@
+"""A correct fused residual add + RMSNorm (chapter 05) and the bugs a learner writes.
+
+Every wrapper has the exercise's signature:
+add_rmsnorm(x, residual, weight, eps=1e-6) -> (y, residual_out).
+"""
+
+from __future__ import annotations
+
+import course  # noqa: F401  (sets the execution mode before any kernel is defined)
+
+import rmsnorm_variants
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r_row,
+                       stride_y_row, stride_h_row, n_cols, eps, BLOCK_N: tl.constexpr,
+                       NORM_OF_X: tl.constexpr, STORE_SUM: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r_row + cols, mask=mask, other=0.0).to(tl.float32)
+    # Round the sum to the storage dtype first: y then normalises exactly what is stored.
+    h = (x + r).to(h_ptr.dtype.element_ty)
+    if STORE_SUM:
+        tl.store(h_ptr + row * stride_h_row + cols, h, mask=mask)
+    v = x if NORM_OF_X else h.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (v * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True):
+    n = x.shape[-1]
+    x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if h is None else h
+    add_rmsnorm_kernel[(x2.shape[0],)](
+        x2, r2, weight, y, h, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0), n, eps,
+        BLOCK_N=triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum)
+    return y.view(x.shape), h.view(x.shape)
+
+
+def correct(x, residual, weight, eps=1e-6):
+    return _launch(x, residual, weight, eps)
+
+
+def missing_residual_output(x, residual, weight, eps=1e-6):
+    return _launch(x, residual, weight, eps, store_sum=False)
+
+
+def returns_input_residual(x, residual, weight, eps=1e-6):
+    y, _ = _launch(x, residual, weight, eps)
+    return y, residual
+
+
+def residual_in_place(x, residual, weight, eps=1e-6):
+    # vLLM style: the sum goes back into the residual's memory.
+    y, _ = _launch(x, residual, weight, eps, h=residual.reshape(-1, x.shape[-1]))
+    return y, residual
+
+
+def norm_of_x(x, residual, weight, eps=1e-6):
+    return _launch(x, residual, weight, eps, norm_of_x=True)
+
+
+@triton.jit
+def _add_kernel(x_ptr, r_ptr, h_ptr, stride_x_row, stride_r_row, stride_h_row, n_cols,
+                BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r_row + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(h_ptr + row * stride_h_row + cols, (x + r).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+def add_then_norm(x, residual, weight, eps=1e-6):
+    # Correct values, but the sum makes a round trip through memory between two launches.
+    n = x.shape[-1]
+    x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
+    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    _add_kernel[(x2.shape[0],)](x2, r2, h, x2.stride(0), r2.stride(0), h.stride(0), n,
+                                BLOCK_N=triton.next_power_of_2(n))
+    return rmsnorm_variants.correct(h, weight, eps).view(x.shape), h.view(x.shape)
+
+
+# name -> (function, a phrase its failure message must contain)
+BROKEN = {
+    "missing_residual_output": (missing_residual_output, "residual_out is never written"),
+    "returns_input_residual": (returns_input_residual, "holds the residual you were given"),
+    "residual_in_place": (residual_in_place, "in place"),
+    "norm_of_x": (norm_of_x, "RMSNorm of x alone"),
+    "add_then_norm": (add_then_norm, "The point of the fusion is one launch"),
+}

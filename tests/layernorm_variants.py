@@ -1,0 +1,82 @@
+"""A correct LayerNorm forward (chapter 06) and the bugs a learner writes.
+
+Every wrapper has the exercise's signature: layernorm(x, weight, bias, eps=1e-5) -> y.
+"""
+
+from __future__ import annotations
+
+import course  # noqa: F401  (sets the execution mode before any kernel is defined)
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                     BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, BIAS: tl.constexpr,
+                     UNBIASED: tl.constexpr, CENTRE: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / n_cols
+    if not CENTRE:
+        mean = 0.0
+    if ONE_PASS:
+        # E[x^2] - E[x]^2: one pass over the data, and catastrophic cancellation.
+        var = tl.sum(x * x, axis=0) / n_cols - mean * mean
+        centred = tl.where(mask, x - mean, 0.0)
+    else:
+        # The row is in registers: centre it, then sum the squared deviations.
+        centred = tl.where(mask, x - mean, 0.0)
+        divisor = n_cols - 1 if UNBIASED else n_cols
+        var = tl.sum(centred * centred, axis=0) / divisor
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = centred * rstd * w
+    if BIAS:
+        y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=False,
+            centre=True):
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    n = x2.shape[1]
+    block = triton.next_power_of_2(n)
+    layernorm_kernel[(x2.shape[0],)](x2, weight, bias, y, x2.stride(0), y.stride(0), n, eps,
+                                     BLOCK_N=block, ONE_PASS=one_pass, BIAS=bias_added,
+                                     UNBIASED=unbiased, CENTRE=centre,
+                                     num_warps=min(16, max(4, block // 512)))
+    return y.view(x.shape)
+
+
+def correct(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps)
+
+
+def one_pass(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, one_pass=True)
+
+
+def missing_bias(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, bias_added=False)
+
+
+def unbiased_variance(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, unbiased=True)
+
+
+def mean_not_subtracted(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, centre=False)
+
+
+# name -> (function, a phrase its failure message must contain)
+BROKEN = {
+    "one_pass": (one_pass, "catastrophic cancellation"),
+    "missing_bias": (missing_bias, "y lacks the bias"),
+    "unbiased_variance": (unbiased_variance, "divided by N"),
+    "mean_not_subtracted": (mean_not_subtracted, "the mean is never subtracted"),
+}

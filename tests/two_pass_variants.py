@@ -1,0 +1,68 @@
+"""A correct two-pass RMSNorm (chapter 03) and the bugs a learner writes into its loops.
+
+Every wrapper has the exercise's signature: rmsnorm_two_pass(x, weight, eps=1e-6) -> y.
+"""
+
+from __future__ import annotations
+
+import course  # noqa: F401  (sets the execution mode before any kernel is defined)
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 1024  # several blocks per row for the long-row cases
+
+
+@triton.jit
+def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                    BLOCK_N: tl.constexpr, ACCUMULATE: tl.constexpr, LOOP: tl.constexpr):
+    row = tl.program_id(0)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    end = n_cols if LOOP else BLOCK_N
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols,
+                    other=0.0).to(tl.float32)
+        if ACCUMULATE:
+            acc += x * x
+        else:
+            acc = x * x  # the bug: each block replaces the last one's squares
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def _launch(x, weight, eps, *, accumulate=True, loop=True):
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch.empty_like(x2)
+    n = x2.shape[1]
+    block = min(BLOCK_N, triton.next_power_of_2(n))
+    two_pass_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
+                                    BLOCK_N=block, ACCUMULATE=accumulate, LOOP=loop)
+    return y.view(x.shape)
+
+
+def correct(x, weight, eps=1e-6):
+    return _launch(x, weight, eps)
+
+
+def overwrites_accumulator(x, weight, eps=1e-6):
+    return _launch(x, weight, eps, accumulate=False)
+
+
+def no_loop(x, weight, eps=1e-6):
+    # One block per row and no loop: fine until a row is longer than the block.
+    return _launch(x, weight, eps, loop=False)
+
+
+# name -> (function, a phrase its failure message must contain)
+BROKEN = {
+    "overwrites_accumulator": (overwrites_accumulator, "Only rows longer than one block fail"),
+    "no_loop": (no_loop, "never written"),
+}
