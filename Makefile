@@ -12,7 +12,7 @@ LAB_ARGS ?=
 # nbgrader runs `alembic` as a subprocess: the venv's bin/ must be on PATH.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: lab test doctor bench-gpu clean
+.PHONY: lab test doctor release bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: $(STAMP)
 
 doctor: $(STAMP)
 	$(BIN)/python -m course doctor
+
+# notebooks/ from solutions/ with nbgrader generate_assignment (scripts/release.py says how).
+release: $(STAMP)
+	$(BIN)/python scripts/release.py
 
 # On a GPU machine: the GPU-only tests and measurements, in one process tree.
 bench-gpu: $(STAMP)

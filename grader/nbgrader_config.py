@@ -1,0 +1,73 @@
+"""nbgrader configuration of the course (see DESIGN.md, "nbgrader mapping").
+
+nbgrader finds this file when it runs from grader/, which is where scripts/release.py and
+grader/instructor.py run it (nbgrader 0.9.6 has no `--config` option). Paths are taken from
+this file's location, so the same configuration works in a copy of the course.
+
+    solutions/<chapter>/<chapter>.ipynb   source notebooks: solutions and hidden tests
+    notebooks/<chapter>/<chapter>.ipynb   release notebooks (`make release` writes them)
+    grader/submitted, autograded, feedback, gradebook.db   instructor's working state
+                                          (git-ignored)
+
+One assignment per chapter (ch00_setup, ch01_math, ...): a crash in one chapter cannot cost
+another chapter's points. solutions/kernels/ holds reference kernels, not an assignment.
+"""
+
+import os
+from pathlib import Path
+
+c = get_config()  # noqa: F821  (nbgrader defines get_config when it loads this file)
+
+COURSE_ROOT = Path(__file__).resolve().parent.parent
+GRADER_DIR = COURSE_ROOT / "grader"
+
+c.CourseDirectory.root = str(COURSE_ROOT)
+c.CourseDirectory.course_id = "norm_kernels"
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "notebooks"
+# The instructor's working folders live under grader/, next to this file (all git-ignored).
+c.CourseDirectory.submitted_directory = "grader/submitted"
+c.CourseDirectory.autograded_directory = "grader/autograded"
+c.CourseDirectory.feedback_directory = "grader/feedback"
+c.CourseDirectory.solution_directory = "grader/solution"
+c.CourseDirectory.source_with_tests_directory = "grader/source_with_tests"
+c.CourseDirectory.db_url = f"sqlite:///{GRADER_DIR / 'gradebook.db'}"
+
+# What a learner finds in place of a solution. Inside a function the `raise` fires when the
+# function is called (by the test cell, usually). Lines stay short: nested four levels deep,
+# the stub must still fit ruff's 100 columns.
+c.ClearSolutions.code_stub = {
+    "python": "# YOUR CODE HERE (then run this cell, and the test cell after it)\n"
+              "raise NotImplementedError(\"write your solution here, in place of this line\")",
+}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE: replace this line with your answer."
+
+# Autograding runs every cell of a submission. A cell that runs longer than this is
+# interrupted and recorded as an error, so a hanging kernel (an infinite loop in a kernel,
+# a deadlocked launch) costs that cell's points, not the whole grading run. The longest
+# legitimate cells are checkers compiling a dozen kernel variants and timing them on a GPU,
+# or running them in Triton's interpreter on a machine without one.
+# GRADER_CELL_TIMEOUT_S overrides it (`make autograde CELL_TIMEOUT=...`, the tests' short
+# limit), so that the message below always states the limit that applied.
+_timeout_setting = os.environ.get("GRADER_CELL_TIMEOUT_S", "300")
+if not _timeout_setting.strip().isdigit() or int(_timeout_setting) <= 0:
+    raise ValueError(f"GRADER_CELL_TIMEOUT_S must be a whole number of seconds above 0, "
+                     f"not {_timeout_setting!r}")
+CELL_TIMEOUT_S = int(_timeout_setting)
+c.Execute.timeout = CELL_TIMEOUT_S
+c.Execute.interrupt_on_timeout = True
+# After the interrupt, the kernel has this long to stop and report. A cell that ignores the
+# interrupt (a GPU kernel that never returns holds the process inside CUDA, where Python's
+# SIGINT handler cannot run) makes nbgrader give up on the notebook: its kernel is killed,
+# the submission is not autograded, and `grader/instructor.py autograde` scores that
+# chapter 0 for that student. Other chapters are separate assignments and are unaffected.
+c.Execute.iopub_timeout = 10
+c.Execute.error_on_timeout = {
+    "ename": "CellTimeoutError",
+    "evalue": f"stopped after {CELL_TIMEOUT_S} s",
+    "traceback": [
+        f"CellTimeoutError: this cell ran longer than {CELL_TIMEOUT_S} s and was stopped. "
+        "Look for a loop that never ends in your kernel or wrapper (a loop bound that "
+        "never changes, a grid that is far too large).",
+    ],
+}
