@@ -71,7 +71,9 @@ class Mismatch:
         if self.n_bad == 0:  # within tolerance element by element, but scaled row by row
             return (f"every element of {self.name} is within tolerance, but rows "
                     f"{_ranges(self.bad_rows)} are each off by a common factor (up to "
-                    f"{100 * self.row_scale_err:.2f} %): the row statistic (rstd) is imprecise")
+                    f"{100 * self.row_scale_err:.2f} %): the row statistic (rstd) is imprecise "
+                    f"(statistics accumulated in 16 bits), or each row was rounded to 16 bits "
+                    f"after multiplying by rstd and again after the weight")
         rows = _ranges(self.bad_rows)
         cols = _ranges(self.bad_cols)
         where = (f"indices {cols} of 0..{self.n_cols - 1}" if self.vector else
