@@ -448,3 +448,18 @@ def test_gpu_a_kernel_at_the_copy_ceiling_ties_torch_compile():
     (row,) = result.rows
     assert row.shape == (32768, 4096) and row.passed
     assert row.yours.fraction_of_copy > 0.8  # GPU-bound: no launch overhead compared
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="tests what happens without a GPU")
+def test_under_the_autograder_a_bandwidth_check_without_gpu_fails(monkeypatch):
+    # A learner's notebook skips the bandwidth cell on a laptop; the same cell graded
+    # without a GPU must not hand out the points.
+    from course.check.bandwidth import GRADING_ENV
+
+    monkeypatch.setenv(GRADING_ENV, "1")
+    with pytest.raises(NeedsGPU, match="needs a GPU"):
+        check.rmsnorm_forward_bandwidth(lambda x, w, eps=1e-6: x)
+    with pytest.raises(NeedsGPU, match="needs a GPU"):
+        check.beats_torch_compile(lambda x, w, eps=1e-6: x)
+    monkeypatch.setenv(GRADING_ENV, "0")
+    assert check.rmsnorm_forward_bandwidth(lambda x, w, eps=1e-6: x) is None

@@ -3,6 +3,7 @@ same GPU in the same process. GPU only; without one they say so instead of guess
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,18 @@ def needs_gpu_message(label: str) -> str:
             "with a CUDA GPU (for example Colab with a GPU runtime).")
 
 
+GRADING_ENV = "COURSE_GRADING"
+
+
+def resolve_on_cpu(on_cpu: str) -> str:
+    """What a check without a GPU does: the notebook's choice, except under the autograder
+    (COURSE_GRADING=1, set by `make autograde`), where it always fails. A learner reading on
+    a laptop sees a skip; a submission graded without a GPU earns no bandwidth points."""
+    if on_cpu not in ("skip", "fail"):
+        raise ValueError(f"on_cpu must be 'skip' or 'fail', not {on_cpu!r}")
+    return "fail" if os.environ.get(GRADING_ENV) == "1" else on_cpu
+
+
 def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
                     nbytes: int, *, target: float, retries: int = 3, reps: int = 50,
                     on_cpu: str = "fail", advice: str = "") -> BandwidthResult | None:
@@ -70,8 +83,7 @@ def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], 
 
     Without a GPU: on_cpu="skip" prints why and returns None, on_cpu="fail" raises NeedsGPU.
     """
-    if on_cpu not in ("skip", "fail"):
-        raise ValueError(f"on_cpu must be 'skip' or 'fail', not {on_cpu!r}")
+    on_cpu = resolve_on_cpu(on_cpu)
     if not runtime.on_gpu():
         if on_cpu == "skip":
             print(needs_gpu_message(label) + " Skipped.")

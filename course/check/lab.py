@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from course import baselines, bench, reference, runtime, traffic
-from course.check.bandwidth import verify_outputs
+from course.check.bandwidth import resolve_on_cpu, verify_outputs
 from course.hardware import NeedsGPU
 
 import torch
@@ -92,6 +92,7 @@ class CompileComparison:
 
 
 def _needs_gpu(on_cpu: str) -> None:
+    on_cpu = resolve_on_cpu(on_cpu)
     message = ("beats_torch_compile needs a GPU: kernels here run in Triton's interpreter on "
                "the CPU, and timing them against torch.compile would say nothing. Run this "
                "cell on a machine with a CUDA GPU (for example Colab with a GPU runtime).")
