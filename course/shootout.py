@@ -53,6 +53,31 @@ class Row:
     fraction_of_copy: float | None = None
 
 
+# The run docs/benchmarks.md reports, shipped with the package so that a pip-installed course
+# (on Colab, say) can show it too.
+RECORDED_RUN = Path(__file__).parent / "data" / "bench-h100-2026-11-23.csv"
+RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-23"
+
+
+def load_rows(path: Path = RECORDED_RUN) -> list[Row]:
+    """The rows of a CSV written by `course bench` (by default the recorded H100 run)."""
+    def number(text: str) -> float | None:
+        return float(text) if text else None
+
+    with open(path, newline="") as f:
+        return [Row(r["op"], r["impl"], r["dtype"], int(r["M"]), int(r["N"]),
+                    int(r["ideal_bytes"]), r["status"], number(r["seconds"]), number(r["gbps"]),
+                    number(r["fraction_of_copy"])) for r in csv.DictReader(f)]
+
+
+def as_measurements(rows: Sequence[Row], op: str, dtype: str) -> list[bench.Measurement]:
+    """The timed rows of one op and dtype as `course.bench` measurements keyed by N (for
+    `bench.plot_fraction_of_copy`)."""
+    return [bench.Measurement(r.impl, r.seconds, r.ideal_bytes,
+                              r.gbps * 1e9 / r.fraction_of_copy, extra={"N": r.N})
+            for r in rows if r.op == op and r.dtype == dtype and r.status == "ok"]
+
+
 def ideal_bytes(op: str, M: int, N: int, dtype: torch.dtype) -> int:
     if op == "rmsnorm_fwd":
         return traffic.fused_rmsnorm(M, N, dtype).bytes
@@ -204,17 +229,16 @@ def format_table(rows: Sequence[Row], op: str, dtype: str) -> str:
 def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16") -> None:
     """% of copy bandwidth against N, one panel per op, one colour per implementation
     (the same colour in every panel), ours drawn thickest."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     ops = [op for op in peers.OPS if any(r.op == op and r.dtype == dtype for r in rows)]
     names = list(dict.fromkeys(r.impl for r in rows if r.dtype == dtype))
     colours = {name: f"C{i}" for i, name in enumerate(names)}
     cols = min(3, len(ops))
-    fig, axes = plt.subplots(-(-len(ops) // cols), cols, figsize=(4.6 * cols, 3.6 * -(
-        -len(ops) // cols)), squeeze=False)
+    # A bare Figure: no pyplot, so a notebook's plotting backend is left alone.
+    fig = Figure(figsize=(4.6 * cols, 3.6 * -(-len(ops) // cols)))
+    axes = fig.subplots(-(-len(ops) // cols), cols, squeeze=False)
     for ax in axes.flat[len(ops):]:
         ax.axis("off")
     for ax, op in zip(axes.flat, ops, strict=False):
@@ -230,7 +254,7 @@ def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16") -> None:
         ax.set_xlabel("N  (M = 32768 up to N = 4096, then M x N = 2**27)", fontsize=8)
         ax.set_ylabel("% of copy bandwidth")
         ax.grid(True, alpha=0.3)
-    handles = [plt.Line2D([], [], color=colours[n], lw=2.6 if n == "ours" else 1.2,
+    handles = [Line2D([], [], color=colours[n], lw=2.6 if n == "ours" else 1.2,
                           marker="o", ms=3) for n in names]
     spare = axes.flat[len(ops)] if len(ops) < axes.size else None
     if spare is not None:
@@ -239,7 +263,6 @@ def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16") -> None:
         fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def run(ops: Sequence[str], dtypes: Sequence[str], out_dir: Path, *, shapes=SHAPES,

@@ -1,0 +1,129 @@
+"""`course bench`'s machinery without a GPU: bytes, inputs, the reference check, the table,
+the plot, and the recorded run shipped with the package."""
+
+import course  # noqa: F401  (mode first)
+from course import baselines, peers, shootout, traffic
+
+import pytest
+import torch
+
+
+def test_ideal_bytes_are_the_traffic_models_single_pass():
+    bf16 = torch.bfloat16
+    assert shootout.ideal_bytes("rmsnorm_fwd", 64, 256, bf16) == 2 * 64 * 256 * 2 + 256 * 2
+    assert shootout.ideal_bytes("add_rmsnorm_fwd", 64, 256, bf16) == (
+        traffic.fused_add_rmsnorm(64, 256, bf16).bytes)
+    assert shootout.ideal_bytes("layernorm_fwd", 64, 256, bf16) == 2 * 64 * 256 * 2 + 2 * 256 * 2
+    assert shootout.ideal_bytes("rmsnorm_bwd", 64, 256, bf16) == 3 * 64 * 256 * 2 + 2 * 256 * 2
+    with pytest.raises(ValueError, match="unknown op"):
+        shootout.ideal_bytes("softmax", 1, 1, bf16)
+
+
+@pytest.mark.parametrize("op", peers.OPS)
+def test_every_op_has_inputs_and_a_float64_answer(op):
+    t = shootout.make_inputs(op, 8, 64, torch.float32)
+    want = shootout.expected(op, t, 1e-6)
+    assert all(w.dtype == torch.float64 for w in want)
+    assert ("dy" in t) == op.endswith("_bwd")
+
+
+def test_eager_rmsnorm_passes_the_reference_check_and_a_wrong_one_does_not():
+    t = shootout.make_inputs("rmsnorm_fwd", 16, 256, torch.float32)
+    want = shootout.expected("rmsnorm_fwd", t, 1e-6)
+    assert shootout._first_mismatch("rmsnorm_fwd", baselines.eager_rmsnorm(
+        t["x"], t["weight"]), want, torch.float32) is None
+    problem = shootout._first_mismatch("rmsnorm_fwd", t["x"], want, torch.float32)
+    assert problem is not None and "y" in problem
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_hf_style_double_rounding_is_accepted_but_a_scaled_row_is_not(dtype):
+    # x * rstd rounded to 16 bits before the weight shifts rows by up to one unit of the
+    # last place: accepted. (bf16 row scales are judged on a GPU only: the interpreter
+    # truncates bf16, so on a CPU the check is off and only the first half applies.)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4096, generator=gen).to(dtype)
+    w = (torch.rand(4096, generator=gen) + 0.5).to(dtype)
+    want = shootout.expected("rmsnorm_fwd", {"x": x, "weight": w}, 1e-6)
+    assert shootout._first_mismatch("rmsnorm_fwd", baselines.eager_rmsnorm(x, w), want,
+                                     dtype) is None
+    if dtype == torch.float16 or course.on_gpu():
+        # every row off by a common factor within the element tolerance (0.1 % in fp16,
+        # 0.5 % in bf16: what 16-bit statistics do), above the accepted shift: refused
+        scaled = (want[0] * (1.001 if dtype == torch.float16 else 1.005)).to(dtype)
+        assert "common factor" in shootout._first_mismatch("rmsnorm_fwd", scaled, want, dtype)
+
+
+def test_column_sums_are_judged_against_their_largest_entry():
+    want = torch.tensor([1000.0, 1e-3, -500.0], dtype=torch.float64)
+    near = (want + torch.tensor([0.01, 0.01, 0.0], dtype=torch.float64)).float()
+    assert shootout.column_sum_error("dw", near, want, torch.float32) is None
+    assert "max error" in shootout.column_sum_error("dw", (want * 1.01).float(), want,
+                                                    torch.float32)
+
+
+def _rows():
+    # 1000 bytes in 10 ns: 100 GB/s, 90 % of a 111 GB/s copy
+    return [shootout.Row("rmsnorm_fwd", "ours", "bfloat16", 32768, 256, 1000, "ok", 1e-8, 100.0,
+                         0.9),
+            shootout.Row("rmsnorm_fwd", "Liger", "bfloat16", 32768, 256, 1000,
+                         "unavailable: not installed")]
+
+
+def test_table_shows_fractions_and_reasons(tmp_path):
+    table = shootout.format_table(_rows(), "rmsnorm_fwd", "bfloat16")
+    assert "| 32768 x 256 | 90.0 % (100) | unavailable |" in table
+    shootout.plot(_rows(), tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_a_saved_run_loads_back_and_becomes_measurements(tmp_path):
+    shootout.save(_rows(), {"gpu": "test"}, tmp_path)
+    rows = shootout.load_rows(tmp_path / "bench.csv")
+    assert rows == _rows()
+    (m,) = shootout.as_measurements(rows, "rmsnorm_fwd", "bfloat16")
+    assert m.extra["N"] == 256 and m.fraction_of_copy == pytest.approx(0.9)
+
+
+def test_the_recorded_h100_run_ships_with_the_package():
+    rows = shootout.load_rows()
+    ours = [r for r in rows if r.impl == "ours" and r.status == "ok"]
+    assert {r.op for r in ours} == set(peers.OPS)
+    copy = {round(r.gbps / r.fraction_of_copy) for r in rows if r.status == "ok"}
+    assert len(copy) == 1  # one run, one copy bandwidth
+
+
+def test_peers_ours_first_and_missing_libraries_reported_not_dropped():
+    impls = peers.implementations("rmsnorm_fwd")
+    assert impls[0].name == "ours"
+    assert {"torch eager (op by op)", "torch.compile", "Liger", "Quack"} <= {
+        i.name for i in impls}
+    t = shootout.make_inputs("rmsnorm_fwd", 4, 64, torch.float32)
+    call = impls[0].prepare(t, 1e-6)
+    assert shootout._first_mismatch("rmsnorm_fwd", call(), shootout.expected(
+        "rmsnorm_fwd", t, 1e-6), torch.float32) is None
+    liger = next(i for i in impls if i.name == "Liger")
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        with pytest.raises(peers.Unavailable, match="not installed"):
+            liger.prepare(t, 1e-6)
+    with pytest.raises(ValueError, match="unknown op"):
+        peers.implementations("softmax")
+
+
+def test_backward_adapter_returns_one_gradient_per_input():
+    t = shootout.make_inputs("layernorm_bwd", 4, 64, torch.float32)
+    grads = peers.implementations("layernorm_bwd")[0].prepare(t, 1e-5)()
+    assert shootout._first_mismatch("layernorm_bwd", grads, shootout.expected(
+        "layernorm_bwd", t, 1e-5), torch.float32) is None
+
+
+@pytest.mark.skipif(course.on_gpu(), reason="tests the message shown without a GPU")
+def test_bench_command_needs_a_gpu_and_names_bad_ops(capsys):
+    from course import cli
+
+    assert cli.main(["bench", "--ops", "rmsnorm_fwd"]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert cli.main(["bench", "--ops", "softmax"]) == 2
+    assert "unknown op(s) ['softmax']" in capsys.readouterr().out
