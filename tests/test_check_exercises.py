@@ -461,5 +461,7 @@ def test_under_the_autograder_a_bandwidth_check_without_gpu_fails(monkeypatch):
         check.rmsnorm_forward_bandwidth(lambda x, w, eps=1e-6: x)
     with pytest.raises(NeedsGPU, match="needs a GPU"):
         check.beats_torch_compile(lambda x, w, eps=1e-6: x)
+    with pytest.raises(NeedsGPU, match="needs a GPU"):
+        check.rmsnorm_two_pass_bandwidth(lambda x, w, eps=1e-6: x)
     monkeypatch.setenv(GRADING_ENV, "0")
     assert check.rmsnorm_forward_bandwidth(lambda x, w, eps=1e-6: x) is None
