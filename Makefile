@@ -34,6 +34,29 @@ doctor: $(STAMP)
 release: $(STAMP)
 	$(BIN)/python scripts/release.py
 
+# The instructor's steps after `make release` (grader/README.md says more):
+#   make collect FROM=<folder>    <folder>/<student>/<chapter>/<chapter>.ipynb -> grader/submitted/
+#   make autograde [CHAPTERS=ch01_math,ch04_fused] [STUDENTS=a,b] [FORCE=1] [CELL_TIMEOUT=s]
+#   make feedback [CHAPTERS=...]  HTML per submission in grader/feedback/
+#   make grades                   grader/grades.csv and grader/grades_by_exercise.csv
+.PHONY: collect autograde feedback grades
+INSTRUCTOR := $(BIN)/python grader/instructor.py
+
+collect: $(STAMP)
+	$(if $(FROM),,$(error make collect needs FROM=<folder holding <student>/<chapter>/ folders>))
+	$(INSTRUCTOR) collect "$(FROM)"
+
+autograde: $(STAMP)
+	$(INSTRUCTOR) autograde $(if $(CHAPTERS),--chapters "$(CHAPTERS)") \
+		$(if $(STUDENTS),--students "$(STUDENTS)") $(if $(FORCE),--force) \
+		$(if $(CELL_TIMEOUT),--cell-timeout "$(CELL_TIMEOUT)")
+
+feedback: $(STAMP)
+	$(INSTRUCTOR) feedback $(if $(CHAPTERS),--chapters "$(CHAPTERS)")
+
+grades: $(STAMP)
+	$(INSTRUCTOR) grades
+
 # On a GPU machine: the GPU-only tests and measurements, in one process tree.
 bench-gpu: $(STAMP)
 	$(BIN)/python scripts/gpu_suite.py

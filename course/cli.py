@@ -4,6 +4,10 @@
                      run end to end; exit status 0 when everything works, 1 otherwise.
     course bench     the reference kernels against PyTorch eager, torch.compile, Liger and
                      Quack (where installed), on the GPU in hand: table, CSV, JSON, plot.
+    course grade NOTEBOOK
+                     a chapter notebook graded as the autograder grades it (hidden tests
+                     included): a score per exercise; exit status 0 for full marks, 1 when
+                     points were lost, 2 when the file is not a chapter of the course.
 """
 
 from __future__ import annotations
@@ -150,6 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "in the table), comma-separated")
     bench.add_argument("--reps", type=int, default=50)
     bench.add_argument("--out", default="bench-results", help="folder for CSV, JSON and plot")
+    grade = commands.add_parser(
+        "grade", help="grade a chapter notebook as the autograder does (hidden tests too)",
+        description="Run a chapter notebook with the course's own test cells, hidden tests "
+                    "included, in a fresh kernel with the autograder's time limit per cell, "
+                    "and print the points of each exercise.")
+    grade.add_argument("notebook", help="your notebook, e.g. notebooks/ch04_fused/ch04_fused.ipynb")
+    grade.add_argument("--timeout", type=int, default=None, metavar="SECONDS",
+                       help="time limit per cell (default: the autograder's, from "
+                            "grader/nbgrader_config.py)")
+    grade.add_argument("--course", default=None, metavar="ROOT",
+                       help="the course checkout holding solutions/ and grader/ (default: the "
+                            "one this `course` package is installed from)")
     return parser
 
 
@@ -179,10 +195,27 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def grade(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from course import grade as grading
+
+    try:
+        report = grading.grade_notebook(args.notebook, cell_timeout_s=args.timeout,
+                                        course_root=Path(args.course) if args.course else None)
+    except (grading.NotAChapterError, ValueError) as exc:
+        print(f"course grade: {exc}", file=sys.stderr)
+        return 2
+    print(report.table())
+    return 0 if report.full_marks else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
         return doctor()
     if args.command == "bench":
         return bench(args)
+    if args.command == "grade":
+        return grade(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse refuses others

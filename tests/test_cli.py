@@ -77,10 +77,13 @@ def test_tiny_kernel_runs_in_process():
     cli.run_tiny_kernel()  # raises DoctorFailure on a wrong result
 
 
-def test_only_doctor_exists_and_a_command_is_required(capsys):
+def test_a_command_is_required_and_unknown_ones_are_refused(capsys):
     with pytest.raises(SystemExit) as missing:
         cli.main([])
     assert missing.value.code == 2
     with pytest.raises(SystemExit):
-        cli.main(["grade"])
-    assert "invalid choice" in capsys.readouterr().err
+        cli.main(["no-such-command"])
+    err = capsys.readouterr().err
+    assert "invalid choice" in err
+    for command in ("doctor", "bench", "grade"):
+        assert command in err

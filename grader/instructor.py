@@ -1,0 +1,512 @@
+"""The instructor's steps around stock nbgrader, one command each (grader/README.md).
+
+    python grader/instructor.py collect FOLDER            # make collect FROM=FOLDER
+    python grader/instructor.py autograde [--chapters ch01_math,ch04_fused]
+                                          [--students alice,bob] [--force]
+                                          [--cell-timeout SECONDS]   # make autograde
+    python grader/instructor.py feedback [--chapters ...]  # make feedback
+    python grader/instructor.py grades [--out FILE]        # make grades
+
+nbgrader runs from grader/, so grader/nbgrader_config.py applies (paths, time limit per
+cell). Each chapter is its own assignment and is autograded by its own nbgrader call: a
+submission that crashes or hangs costs points in its chapter only. Autograding sets
+COURSE_GRADING=1 for the notebooks, so that a bandwidth cell fails without a GPU. The paths
+below come from the configuration, so the same commands work in a copy of the course (the
+tests use one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from traitlets.config.loader import PyFileConfigLoader
+
+GRADER_DIR = Path(__file__).resolve().parent
+ROOT = GRADER_DIR.parent
+STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")
+# nbgrader logs this line for every submission it could not finish.
+FAILED_LINE = re.compile(r"There was an error processing assignment '([^']+)' for student "
+                         r"'([^']+)'")
+IGNORED_NAMES = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", ".DS_Store")
+# Set for the notebooks' kernels while autograding (they inherit nbgrader's environment):
+# the checkers then fail a bandwidth cell without a GPU instead of skipping it
+# (course/check/bandwidth.py, GRADING_ENV; a test keeps the two names equal). Read here, not
+# imported, so that these commands do not load torch.
+GRADING_ENV = {"COURSE_GRADING": "1"}
+
+
+class GraderError(RuntimeError):
+    """A step cannot be done as asked; the message says why and what to do."""
+
+
+def _load_release_script(root: Path):
+    """scripts/release.py: the chapter discovery and nbgrader launcher `make release` uses."""
+    path = root / "scripts" / "release.py"
+    if not path.is_file():
+        raise GraderError(f"no {path}: the grader uses the release script's chapter rules")
+    spec = importlib.util.spec_from_file_location("course_release_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Course:
+    """A course checkout (or a copy of one), with the paths its nbgrader config sets."""
+
+    root: Path
+    submitted: Path
+    autograded: Path
+    feedback: Path
+    db_url: str
+    course_id: str
+
+    @classmethod
+    def at(cls, root: Path = ROOT) -> Course:
+        config_path = root / "grader" / "nbgrader_config.py"
+        if not config_path.is_file():
+            raise GraderError(f"no nbgrader configuration at {config_path}")
+        try:
+            config = PyFileConfigLoader(config_path.name, path=str(config_path.parent)
+                                        ).load_config()
+        except Exception as exc:  # the config raises on a bad GRADER_CELL_TIMEOUT_S
+            raise GraderError(f"{config_path}: {exc}") from exc
+        course_dir = config.CourseDirectory
+        base = Path(course_dir.root)
+        return cls(base, base / course_dir.submitted_directory,
+                   base / course_dir.autograded_directory, base / course_dir.feedback_directory,
+                   course_dir.db_url, course_dir.course_id)
+
+    @property
+    def grader_dir(self) -> Path:
+        return self.root / "grader"
+
+    @property
+    def logs(self) -> Path:
+        return self.grader_dir / "logs"
+
+    def chapters(self) -> list[str]:
+        release = _load_release_script(self.root)
+        try:
+            return release.find_chapters(self.root / "solutions")
+        except release.ReleaseError as exc:
+            raise GraderError(str(exc)) from exc
+
+    def select(self, chapters: Sequence[str] | None) -> list[str]:
+        known = self.chapters()
+        if not chapters:
+            return known
+        unknown = [ch for ch in chapters if ch not in known]
+        if unknown:
+            raise GraderError(f"unknown chapter(s) {', '.join(unknown)}; the chapters are "
+                              f"{', '.join(known)}")
+        return list(dict.fromkeys(chapters))
+
+    def submissions(self, chapter: str) -> list[str]:
+        """Students with a submitted notebook for `chapter`, sorted."""
+        if not self.submitted.is_dir():
+            return []
+        return sorted(p.name for p in self.submitted.iterdir()
+                      if (p / chapter / f"{chapter}.ipynb").is_file())
+
+    def autograded_notebook(self, student: str, chapter: str) -> Path:
+        return self.autograded / student / chapter / f"{chapter}.ipynb"
+
+
+def run_nbgrader(course: Course, args: Sequence[str], log_path: Path,
+                 env_extra: dict[str, str] | None = None) -> int:
+    """Run nbgrader from grader/ (so that its config applies), output to `log_path`."""
+    release = _load_release_script(course.root)
+    env = dict(os.environ)
+    # nbgrader starts `alembic` by name when it creates the gradebook (DESIGN.md's trap).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(env_extra or {})
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write(f"$ nbgrader {' '.join(args)}\n")
+        log.flush()
+        done = subprocess.run(release.nbgrader_command() + list(args), cwd=course.grader_dir,
+                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    return done.returncode
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return "\n".join(text[-lines:])
+
+
+# ---------------------------------------------------------------- collect
+
+
+@dataclass
+class Collected:
+    copied: list[tuple[str, str]] = field(default_factory=list)     # (student, chapter)
+    unchanged: list[tuple[str, str]] = field(default_factory=list)
+
+
+def collect(course: Course, folder: Path) -> Collected:
+    """Import submissions laid out as FOLDER/<student>/<chapter>/<chapter>.ipynb into
+    nbgrader's submitted/ folder. Everything is checked first: one problem anywhere and
+    nothing is copied. A submission identical to the one already collected is left alone
+    (with its timestamp), so collecting the same folder twice regrades nothing."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise GraderError(f"no folder {folder} to collect submissions from")
+    chapters = set(course.chapters())
+    problems, found = [], []
+    for student_dir in sorted(p for p in folder.iterdir() if not p.name.startswith(".")):
+        if not student_dir.is_dir():
+            problems.append(f"{student_dir}: expected a folder per student, found a file")
+            continue
+        if not STUDENT_ID.fullmatch(student_dir.name):
+            problems.append(f"{student_dir}: a student id is letters, digits and . _ @ + -")
+            continue
+        entries = sorted(p for p in student_dir.iterdir() if not p.name.startswith("."))
+        if not entries:
+            problems.append(f"{student_dir}: no chapter folder in it")
+        for chapter_dir in entries:
+            if not chapter_dir.is_dir() or chapter_dir.name not in chapters:
+                problems.append(f"{chapter_dir}: not a chapter folder (the chapters are "
+                                f"{', '.join(sorted(chapters))})")
+                continue
+            notebook = chapter_dir / f"{chapter_dir.name}.ipynb"
+            if not notebook.is_file():
+                problems.append(f"{chapter_dir}: no {notebook.name} in it")
+                continue
+            try:
+                nbformat.read(notebook, as_version=4)
+            except Exception as exc:  # any unreadable notebook is reported, not raised
+                problems.append(f"{notebook}: not a readable notebook ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''})")
+                continue
+            found.append((student_dir.name, chapter_dir.name))
+    if problems:
+        raise GraderError("nothing was collected; fix these and run again:\n  " +
+                          "\n  ".join(problems))
+    if not found:
+        raise GraderError(f"{folder} holds no submissions (expected "
+                          f"{folder}/<student>/<chapter>/<chapter>.ipynb)")
+    result = Collected()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    for student, chapter in found:
+        incoming = folder / student / chapter
+        target = course.submitted / student / chapter
+        name = f"{chapter}.ipynb"
+        if (target / name).is_file() and \
+                (target / name).read_bytes() == (incoming / name).read_bytes():
+            result.unchanged.append((student, chapter))
+            continue
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(incoming, target, ignore=IGNORED_NAMES)
+        if not (target / "timestamp.txt").is_file():  # nbgrader regrades what is newer
+            (target / "timestamp.txt").write_text(stamp + "\n")
+        result.copied.append((student, chapter))
+    return result
+
+
+# ---------------------------------------------------------------- autograde
+
+
+@dataclass
+class ChapterRun:
+    chapter: str
+    students: list[str]
+    graded: list[str]
+    failed: list[str]       # nbgrader could not finish the notebook: scored 0
+    seconds: float
+    log: Path
+
+
+def _source_hashes(course: Course) -> dict[str, str]:
+    return {ch: hashlib.sha256((course.root / "solutions" / ch / f"{ch}.ipynb").read_bytes()
+                               ).hexdigest() for ch in course.chapters()}
+
+
+def _registered(course: Course) -> set[str]:
+    """The assignments the gradebook holds (none if there is no gradebook yet)."""
+    from nbgrader.api import Gradebook
+
+    if not Path(course.db_url.removeprefix("sqlite:///")).is_file():
+        return set()
+    with Gradebook(course.db_url, course.course_id) as gb:
+        return {a.name for a in gb.assignments}
+
+
+def register_chapters(course: Course) -> bool:
+    """Put every chapter, with its test cells and points, into the gradebook: stock
+    generate_assignment WITH the database, into a scratch folder (notebooks/ is left to
+    `make release`). Skipped when the gradebook already holds the chapters exactly as
+    solutions/ has them now (a stamp of their hashes says so). Returns whether it ran."""
+    stamp = course.logs / "registered.json"
+    hashes = _source_hashes(course)
+    if stamp.is_file() and json.loads(stamp.read_text()) == hashes and \
+            set(hashes) <= _registered(course):
+        return False
+    release = _load_release_script(course.root)
+    with tempfile.TemporaryDirectory(prefix="nbgrader-release-") as scratch:
+        log = course.logs / "register.log"
+        status = run_nbgrader(course, ["generate_assignment", release.CHAPTER_GLOB, "--force",
+                                       f"--CourseDirectory.release_directory={scratch}"], log)
+    if status != 0:
+        stamp.unlink(missing_ok=True)
+        raise GraderError(f"nbgrader generate_assignment failed (exit status {status}); "
+                          f"the end of {log}:\n{_tail(log)}")
+    stamp.write_text(json.dumps(hashes, indent=1))
+    return True
+
+
+def _zero_grades(course: Course, chapter: str, student: str) -> None:
+    """nbgrader keeps whatever grades a submission had when a later run of it fails (none,
+    or an earlier version's): record 0 for each of its test cells instead."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(course.db_url, course.course_id) as gb:
+        try:
+            submission = gb.find_submission(chapter, student)
+        except MissingEntry:
+            return
+        for notebook in submission.notebooks:
+            for grade in notebook.grades:
+                grade.auto_score = 0.0
+                grade.manual_score = None
+                grade.needs_manual_grade = False
+        gb.db.commit()
+
+
+def autograde(course: Course, chapters: Sequence[str] | None = None,
+              students: Sequence[str] | None = None, *, force: bool = False,
+              cell_timeout_s: int | None = None,
+              say: Callable[[str], None] = print) -> list[ChapterRun]:
+    """Autograde the collected submissions, one nbgrader call per chapter. A submission that
+    nbgrader cannot run to the end (a cell that ignores the interrupt at its time limit, a
+    dead kernel) is scored 0 in its chapter and listed; other chapters are not touched."""
+    if cell_timeout_s is not None and cell_timeout_s <= 0:
+        raise GraderError(f"the time limit per cell must be above 0 s, not {cell_timeout_s}")
+    selected = course.select(chapters)
+    wanted = set(students or [])
+    todo = {ch: [s for s in course.submissions(ch) if not wanted or s in wanted]
+            for ch in selected}
+    todo = {ch: names for ch, names in todo.items() if names}
+    if not todo:
+        raise GraderError(f"no submissions to autograde in {course.submitted} for "
+                          f"{', '.join(selected)}: run `make collect FROM=<folder>` first")
+    env = dict(GRADING_ENV)
+    if cell_timeout_s is not None:
+        env["GRADER_CELL_TIMEOUT_S"] = str(cell_timeout_s)
+    register_chapters(course)
+    runs = []
+    for chapter, names in todo.items():
+        say(f"{chapter}: autograding {len(names)} submission(s) ...")
+        log = course.logs / f"autograde_{chapter}.log"
+        args = ["autograde", chapter]
+        if force:
+            args.append("--force")
+        start = time.perf_counter()
+        if wanted:  # nbgrader's --student is one glob: a call per student keeps it exact
+            statuses, parts = [], []
+            for student in names:
+                part = course.logs / f"autograde_{chapter}_{student}.log"
+                statuses.append(run_nbgrader(course, args + [f"--student={student}"], part,
+                                             env))
+                parts.append(part.read_text(errors="replace"))
+                part.unlink()
+            text = "\n".join(parts)
+            log.write_text(text)
+            status = max(statuses)
+        else:
+            status = run_nbgrader(course, args, log, env)
+            text = log.read_text(errors="replace")
+        seconds = time.perf_counter() - start
+        reported = {s for ch, s in FAILED_LINE.findall(text) if ch == chapter}
+        graded = [s for s in names if course.autograded_notebook(s, chapter).is_file()]
+        failed = [s for s in names if s not in graded]
+        unexplained = [s for s in failed if s not in reported]
+        if unexplained:
+            raise GraderError(f"nbgrader autograde {chapter} (exit status {status}) did not "
+                              f"grade {', '.join(unexplained)} and gave no reason; the end of "
+                              f"{log}:\n{_tail(log)}")
+        for student in failed:
+            _zero_grades(course, chapter, student)
+        runs.append(ChapterRun(chapter, names, graded, failed, seconds, log))
+        say(f"{chapter}: {len(graded)} graded, {len(failed)} could not be run to the end, "
+            f"in {seconds:.0f} s (log: {log.relative_to(course.root)})")
+        for student in failed:
+            say(f"  {student}: NOT GRADED, scored 0: the notebook could not run to the end "
+                "(a cell ignored the interrupt at its time limit and its kernel was killed, "
+                "or the kernel died); see the log")
+    return runs
+
+
+# ---------------------------------------------------------------- scores, feedback, grades
+
+
+@dataclass(frozen=True)
+class CellGrade:
+    chapter: str
+    student: str
+    grade_id: str
+    score: float
+    max_score: float
+
+
+def cell_grades(course: Course) -> list[CellGrade]:
+    """Every student's score on every test cell of every chapter in the gradebook (0 where
+    nothing was submitted), in chapter, student, notebook order."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    rows = []
+    with Gradebook(course.db_url, course.course_id) as gb:
+        students = sorted(s.id for s in gb.students)
+        for assignment in sorted(gb.assignments, key=lambda a: a.name):
+            for student in students:
+                try:
+                    submission = gb.find_submission(assignment.name, student)
+                except MissingEntry:
+                    submission = None
+                for notebook in assignment.notebooks:
+                    scores = {}
+                    if submission is not None:
+                        found = gb.find_submission_notebook(notebook.name, assignment.name,
+                                                            student)
+                        scores = {g.name: float(g.score or 0.0) for g in found.grades}
+                    for cell in notebook.grade_cells:
+                        rows.append(CellGrade(assignment.name, student, cell.name,
+                                              scores.get(cell.name, 0.0),
+                                              float(cell.max_score)))
+    return rows
+
+
+def summary(course: Course, chapters: Sequence[str]) -> str:
+    """A line per student and chapter: score, and the test cells that lost points."""
+    lines = []
+    by_key: dict[tuple[str, str], list[CellGrade]] = {}
+    for row in cell_grades(course):
+        if row.chapter in chapters:
+            by_key.setdefault((row.chapter, row.student), []).append(row)
+    for chapter in chapters:
+        for student in course.submissions(chapter):
+            cells = by_key.get((chapter, student), [])
+            got, out_of = sum(c.score for c in cells), sum(c.max_score for c in cells)
+            lost = ", ".join(f"{c.grade_id} ({c.max_score - c.score:g})" for c in cells
+                             if c.score < c.max_score)
+            lines.append(f"  {chapter:<22} {student:<20} {got:>6g} / {out_of:g}"
+                         + (f"   lost: {lost}" if lost else ""))
+    return "\n".join(lines)
+
+
+def feedback(course: Course, chapters: Sequence[str] | None = None) -> list[Path]:
+    """HTML feedback for every autograded submission: grader/feedback/<student>/<chapter>/."""
+    selected = course.select(chapters)
+    todo = [ch for ch in selected
+            if any(course.autograded_notebook(s, ch).is_file() for s in course.submissions(ch))]
+    if not todo:
+        raise GraderError("nothing autograded yet for " + ", ".join(selected) +
+                          ": run `make autograde` first")
+    for chapter in todo:
+        log = course.logs / f"feedback_{chapter}.log"
+        status = run_nbgrader(course, ["generate_feedback", chapter, "--force"], log)
+        if status != 0:
+            raise GraderError(f"nbgrader generate_feedback {chapter} failed (exit status "
+                              f"{status}); the end of {log}:\n{_tail(log)}")
+    return sorted(p for ch in todo for p in course.feedback.glob(f"*/{ch}/*.html"))
+
+
+def export_grades(course: Course, out: Path | None = None) -> tuple[Path, Path]:
+    """nbgrader's CSV (a row per student and chapter) at `out` (default grader/grades.csv),
+    and a row per student and test cell beside it (grades_by_exercise.csv)."""
+    out = (course.grader_dir / "grades.csv") if out is None else Path(out).resolve()
+    log = course.logs / "export.log"
+    status = run_nbgrader(course, ["export", f"--to={out}"], log)
+    if status != 0 or not out.is_file():
+        raise GraderError(f"nbgrader export failed (exit status {status}); the end of "
+                          f"{log}:\n{_tail(log)}")
+    by_exercise = out.with_name(f"{out.stem}_by_exercise.csv")
+    with open(by_exercise, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["assignment", "student_id", "grade_id", "score", "max_score"])
+        for row in cell_grades(course):
+            writer.writerow([row.chapter, row.student, row.grade_id, f"{row.score:g}",
+                             f"{row.max_score:g}"])
+    return out, by_exercise
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grader/instructor.py",
+                                     description=__doc__.split("\n\n")[0])
+    steps = parser.add_subparsers(dest="step", required=True, metavar="STEP")
+    collect_step = steps.add_parser("collect", help="import FOLDER/<student>/<chapter>/"
+                                                    "<chapter>.ipynb into grader/submitted/")
+    collect_step.add_argument("folder", type=Path)
+    grade_step = steps.add_parser("autograde", help="autograde collected submissions, one "
+                                                    "nbgrader run per chapter")
+    grade_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
+    grade_step.add_argument("--students", default="", help="comma-separated (default: all)")
+    grade_step.add_argument("--force", action="store_true",
+                            help="regrade submissions already autograded")
+    grade_step.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS",
+                            help="time limit per cell (default: grader/nbgrader_config.py's)")
+    feedback_step = steps.add_parser("feedback", help="HTML feedback in grader/feedback/")
+    feedback_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
+    grades_step = steps.add_parser("grades", help="export the grades as CSV")
+    grades_step.add_argument("--out", type=Path, default=None,
+                             help="CSV file (default: grader/grades.csv)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        course = Course.at(root)
+        if args.step == "collect":
+            done = collect(course, args.folder)
+            print(f"collected {len(done.copied)} submission(s) into {course.submitted}"
+                  + (f"; {len(done.unchanged)} unchanged since the last collection"
+                     if done.unchanged else ""))
+            for student, chapter in done.copied:
+                print(f"  {student}/{chapter}")
+            return 0
+        if args.step == "autograde":
+            runs = autograde(course, _split(args.chapters), _split(args.students),
+                             force=args.force, cell_timeout_s=args.cell_timeout)
+            print("scores:\n" + summary(course, [r.chapter for r in runs]))
+            return 1 if any(r.failed for r in runs) else 0
+        if args.step == "feedback":
+            files = feedback(course, _split(args.chapters))
+            print(f"wrote {len(files)} feedback file(s) under {course.feedback}")
+            return 0
+        if args.step == "grades":
+            out, by_exercise = export_grades(course, args.out)
+            print(f"wrote {out} (per chapter) and {by_exercise} (per test cell)")
+            return 0
+    except GraderError as exc:
+        print(f"{args.step} failed: {exc}", file=sys.stderr)
+        return 1
+    raise AssertionError(f"unhandled step {args.step!r}")  # argparse refuses others
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,366 @@
+"""Synthetic submissions for the autograder's end-to-end tests (tests/test_grader.py).
+
+A submission is one student's notebook for one chapter: the released notebook with its
+exercise cells answered with the source's own solutions (markers removed), except for the
+cells a mistake replaces with a learner's broken or dishonest code. Each mistake names the
+test cells it must lose; every other test cell must keep its points. A student may submit
+several chapters, each with its own mistake (or none): their chapters are graded apart.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER_LINE = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.M)
+
+
+@dataclass(frozen=True)
+class Submission:
+    student: str
+    chapter: str
+    what: str = "every exercise answered with the source's solution"
+    replaced: dict[str, str] = field(default_factory=dict)  # exercise grade id -> code
+    loses: tuple[str, ...] = ()      # test cells that must score 0
+    reason: str = ""                 # in the first lost cell's error: why it lost
+    killed: bool = False             # nbgrader cannot finish it: the whole chapter scores 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.student}/{self.chapter}"
+
+
+def nbgrader_meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def source_path(root: Path, chapter: str) -> Path:
+    return root / "solutions" / chapter / f"{chapter}.ipynb"
+
+
+def graded_cells(root: Path, chapter: str) -> dict[str, float]:
+    """grade id -> points of each autograded test cell of a chapter, from its source."""
+    nb = nbformat.read(source_path(root, chapter), as_version=4)
+    return {nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c)["points"]) for c in nb.cells
+            if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
+
+
+def solutions(root: Path, chapter: str) -> dict[str, str]:
+    """grade id -> the source's answer of each exercise cell, without the markers."""
+    nb = nbformat.read(source_path(root, chapter), as_version=4)
+    return {nbgrader_meta(c)["grade_id"]: MARKER_LINE.sub("", c.source) for c in nb.cells
+            if nbgrader_meta(c).get("solution")}
+
+
+def answered(release: Path, answers: dict[str, str]) -> nbformat.NotebookNode:
+    """The released notebook with every exercise cell holding its answer."""
+    nb = nbformat.read(release, as_version=4)
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("solution"):
+            cell.source = answers[nbgrader_meta(cell)["grade_id"]]
+    return nb
+
+
+def copy_course(root: Path, into: Path, chapters: tuple[str, ...]) -> Path:
+    """What grading reads from a checkout: the chapters' sources, the nbgrader config and
+    tooling, the release script. Only `chapters` are copied, so a chapter another author is
+    still writing cannot break this run. (The notebooks import `course` and
+    `solutions.kernels` from the installed checkout.)"""
+    ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
+    (into / "solutions").mkdir(parents=True)
+    for chapter in chapters:
+        shutil.copytree(root / "solutions" / chapter, into / "solutions" / chapter,
+                        ignore=ignore)
+    (into / "grader").mkdir()
+    for name in ("nbgrader_config.py", "instructor.py"):
+        shutil.copy2(root / "grader" / name, into / "grader" / name)
+    (into / "scripts").mkdir()
+    shutil.copy2(root / "scripts" / "release.py", into / "scripts" / "release.py")
+    return into
+
+
+def release(course_root: Path) -> None:
+    done = subprocess.run([sys.executable, str(course_root / "scripts" / "release.py")],
+                          cwd=course_root, capture_output=True, text=True)
+    assert done.returncode == 0, f"the release failed:\n{done.stdout}{done.stderr}"
+
+
+def write_inbox(course_root: Path, inbox: Path, submissions: list[Submission]) -> None:
+    """inbox/<student>/<chapter>/<chapter>.ipynb for every submission, as an instructor
+    receives them, built from the released notebooks of `course_root`."""
+    for sub in submissions:
+        answers = solutions(course_root, sub.chapter)
+        unknown = sorted(set(sub.replaced) - set(answers))
+        assert not unknown, f"{sub.key}: {sub.chapter} has no exercise cell {unknown}"
+        nb = answered(course_root / "notebooks" / sub.chapter / f"{sub.chapter}.ipynb",
+                      answers | sub.replaced)
+        folder = inbox / sub.student / sub.chapter
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{sub.chapter}.ipynb")
+
+
+# The test cells that measure speed. Under the autograder they fail without a GPU ("needs a
+# GPU", COURSE_GRADING=1), for every submission; on a GPU they measure the kernel.
+GPU_ONLY_CELLS = ("ex03_two_pass_bandwidth", "ex04_fused_bandwidth",
+                  "ex05_add_rmsnorm_bandwidth", "ex06_layernorm_bandwidth",
+                  "ex07_backward_bandwidth", "ex08_tuned_rmsnorm_beats_compile")
+
+
+def gpu_only_cells_of(root: Path, chapter: str) -> set[str]:
+    """The test cells of a chapter that call a bandwidth or torch.compile checker."""
+    nb = nbformat.read(source_path(root, chapter), as_version=4)
+    return {nbgrader_meta(c)["grade_id"] for c in nb.cells
+            if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")
+            and ("_bandwidth(" in c.source or "beats_torch_compile(" in c.source)}
+
+
+def expected_points(course_root: Path, sub: Submission, *, gpu: bool = False
+                    ) -> dict[str, float]:
+    """grade id -> the exact points `sub` must get on each test cell of its chapter: full
+    points, except 0 on the cells it loses (all of them when nbgrader cannot finish it) and,
+    without a GPU, on the cells that measure speed."""
+    cells = graded_cells(course_root, sub.chapter)
+    unknown = sorted(set(sub.loses) - set(cells))
+    assert not unknown, f"{sub.key}: {sub.chapter} has no test cell {unknown}"
+    return {g: 0.0 if sub.killed or g in sub.loses or (not gpu and g in GPU_ONLY_CELLS)
+            else p for g, p in cells.items()}
+
+
+# ---------------------------------------------------------------- chapter 01 and 02
+
+CH01_WRONG_MATH = '''\
+def rmsnorm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Divides by the standard deviation (LayerNorm's statistic), not the root mean square."""
+    x32 = x.to(torch.float32)
+    rstd = torch.rsqrt(x32.var(dim=-1, unbiased=False, keepdim=True) + eps)
+    return (x32 * rstd * weight.to(torch.float32)).to(x.dtype)
+'''
+
+_CH02_FIRST_THREE = '''\
+def fused_rmsnorm_bytes(M: int, N: int, elem_bytes: int) -> int:
+    return 2 * M * N * elem_bytes + N * elem_bytes
+
+
+def rmsnorm_flops(M: int, N: int) -> int:
+    return 4 * M * N + 4 * M
+
+
+def arithmetic_intensity(flops: float, nbytes: float) -> float:
+    return flops / nbytes
+'''
+
+CH02_EXCEPTION = _CH02_FIRST_THREE + '''
+
+def time_floor_us(nbytes: float, bytes_per_s: float) -> float:
+    return nbytes / bytes_per_sec * 1e6   # a misspelt name: NameError
+'''
+
+CH02_INFINITE_LOOP = _CH02_FIRST_THREE + '''
+
+def time_floor_us(nbytes: float, bytes_per_s: float) -> float:
+    """Adds up steps of one microsecond until the bytes are moved."""
+    moved, microseconds = 0.0, 0
+    while moved < nbytes:
+        moved + bytes_per_s * 1e-6   # `+` where `+=` was meant: never gets anywhere
+        microseconds += 1
+    return float(microseconds)
+'''
+
+# Stands in for a GPU kernel that never returns: the kernel process then sits inside CUDA,
+# where Python's interrupt handler cannot run, so the interrupt at the time limit is lost.
+CH02_IGNORES_INTERRUPT = _CH02_FIRST_THREE + '''
+
+def time_floor_us(nbytes: float, bytes_per_s: float) -> float:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        pass
+'''
+
+# ---------------------------------------------------------------- chapter 04: the fused kernel
+# The exercise cell holds the kernel and the wrapper; earlier cells of the chapter define
+# `validation` (solutions.kernels.validation) and `warps_for`.
+
+_CH04_WRAPPER = '''
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x2 = validation.as_rows(x)
+    M, N = x2.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    block_n = triton.next_power_of_2(N)
+    rmsnorm_kernel[(M,)](x2, weight, y, x2.stride(0), y.stride(0), N, eps, BLOCK_N=block_n,
+                         num_warps=warps_for(block_n))
+    return y.view(x.shape)
+'''
+
+_CH04_KERNEL = '''\
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                   BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+'''
+
+CH04_MISSING_MASK = '''\
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                   BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)            # no mask: BLOCK_N columns even when N is less
+    x = tl.load(x_ptr + row * stride_x_row + cols).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty))
+''' + _CH04_WRAPPER
+
+CH04_BF16_ACCUMULATION = '''\
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                   BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0)  # stays 16-bit
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0).to(tl.float32) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols,
+             (x.to(tl.float32) * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+''' + _CH04_WRAPPER
+
+CH04_TORCH_OPS = _CH04_KERNEL + '''
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Launches the kernel for show; the answer comes from PyTorch."""
+    x2 = validation.as_rows(x)
+    M, N = x2.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    block_n = triton.next_power_of_2(N)
+    rmsnorm_kernel[(M,)](x2, weight, y, x2.stride(0), y.stride(0), N, eps, BLOCK_N=block_n)
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+'''
+
+CH04_NO_STORE = '''\
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                   BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * rstd * w    # computed, never stored: y reads as whatever memory held before
+''' + _CH04_WRAPPER
+
+CH04_CACHED = _CH04_KERNEL + '''
+
+_results = {}
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Remembers the answer per shape and dtype: right once, then stale."""
+    key = (tuple(x.shape), x.dtype, eps)
+    if key not in _results:
+        x2 = validation.as_rows(x)
+        M, N = x2.shape
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        block_n = triton.next_power_of_2(N)
+        rmsnorm_kernel[(M,)](x2, weight, y, x2.stride(0), y.stride(0), N, eps,
+                             BLOCK_N=block_n, num_warps=warps_for(block_n))
+        _results[key] = y.view(x.shape)
+    return _results[key]
+'''
+
+# For the GPU run: correct, but the two-pass kernel of chapter 03 (x read twice, in blocks
+# of 128 with one warp), so it misses the fused exercise's bandwidth target.
+CH04_TWO_PASS_SLOW = '''\
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                   BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols, other=0.0)
+        acc += x.to(tl.float32) * x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x2 = validation.as_rows(x)
+    M, N = x2.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    rmsnorm_kernel[(M,)](x2, weight, y, x2.stride(0), y.stride(0), N, eps, BLOCK_N=128,
+                         num_warps=1)
+    return y.view(x.shape)
+'''
+
+# For the GPU run: an offset 2**40 elements past the output, an illegal address on a GPU.
+CH04_ILLEGAL_ADDRESS = _CH04_KERNEL.replace(
+    "tl.store(y_ptr + row * stride_y_row + cols,",
+    "tl.store(y_ptr + (1 << 40) + row * stride_y_row + cols,") + _CH04_WRAPPER
+
+CH01_TESTS = ("ex01_torch_rmsnorm", "ex01_torch_rmsnorm_hidden")
+CH02_TESTS = ("ex02_roofline_functions", "ex02_roofline_functions_hidden")
+CH04_CORRECTNESS = ("ex04_fused_correct", "ex04_fused_hidden")
+CH04_BANDWIDTH = "ex04_fused_bandwidth"
+
+
+def _ch04(student: str, what: str, code: str, reason: str) -> Submission:
+    return Submission(student, "ch04_fused", what, {"ex04_fused_code": code}, CH04_CORRECTNESS,
+                      reason)
+
+
+# Chapters 01 and 02: fast cells, so the time limit per cell can be short (see the test).
+SHORT_LIMIT_SUBMISSIONS = [
+    Submission("correct", "ch01_math"),
+    Submission("correct", "ch02_roofline"),
+    Submission("mistakes_a", "ch01_math", "divides by the standard deviation, not the RMS",
+               {"ex01_torch_rmsnorm_code": CH01_WRONG_MATH}, CH01_TESTS, "AssertionError"),
+    Submission("mistakes_b", "ch02_roofline", "time_floor_us raises NameError",
+               {"ex02_roofline_functions_code": CH02_EXCEPTION}, CH02_TESTS,
+               "name 'bytes_per_sec' is not defined"),
+    Submission("mistakes_c", "ch02_roofline", "time_floor_us loops forever (interrupted)",
+               {"ex02_roofline_functions_code": CH02_INFINITE_LOOP}, CH02_TESTS,
+               "CellTimeoutError"),
+    Submission("mistakes_d", "ch02_roofline", "hangs and ignores the interrupt (killed)",
+               {"ex02_roofline_functions_code": CH02_IGNORES_INTERRUPT}, killed=True),
+]
+
+# Chapter 04: the adversarial Triton kernels, one per student above, so that each of those
+# students also has a chapter graded apart from their other mistake.
+CH04_SUBMISSIONS = [
+    Submission("correct", "ch04_fused"),
+    _ch04("mistakes_a", "no mask: loads and stores past the end of each row",
+          CH04_MISSING_MASK, "writes outside the output tensor"),
+    _ch04("mistakes_b", "squares and sums in the input's 16-bit dtype",
+          CH04_BF16_ACCUMULATION, "statistics are computed in the input's precision"),
+    _ch04("mistakes_c", "computes the answer with PyTorch, launches the kernel for show",
+          CH04_TORCH_OPS, "computes with PyTorch"),
+    _ch04("mistakes_d", "never stores: the output is whatever memory held",
+          CH04_NO_STORE, "never stores into the tensor you return"),
+    _ch04("mistakes_e", "caches the result per shape", CH04_CACHED,
+          "returned the first call's result"),
+]
