@@ -30,10 +30,20 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 EAGER_SHAPES = [(32768, 1024), (16384, 4096), (16384, 8192), (4096, 32768), (1024, 131072)]
-# Everything but what needs the Jupyter stack (absent from the GPU image) or a fresh venv.
+# Everything but what needs a fresh venv; the widget and grader tests need the Jupyter stack
+# too (absent from the bare GPU image: carry its wheels), and join in when it imports.
 GPU_TEST_FILES = ["tests/test_check.py", "tests/test_reference.py", "tests/test_traffic.py",
                   "tests/test_cli.py", "tests/test_runtime.py", "tests/test_bench.py",
-                  "tests/test_solution_kernels.py", "tests/test_check_exercises.py"]
+                  "tests/test_solution_kernels.py", "tests/test_check_exercises.py",
+                  "tests/test_shootout.py"]
+try:
+    import ipywidgets  # noqa: F401
+    import nbclient  # noqa: F401
+    import nbgrader  # noqa: F401
+except ImportError:
+    JUPYTER_TEST_FILES: list[str] = []
+else:
+    JUPYTER_TEST_FILES = ["tests/test_widgets.py", "tests/test_grader.py"]
 
 
 def header() -> dict:
@@ -47,7 +57,8 @@ def header() -> dict:
 def run_pytest(out: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                           *GPU_TEST_FILES], cwd=ROOT, env=env, capture_output=True, text=True)
+                           *GPU_TEST_FILES, *JUPYTER_TEST_FILES], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     (out / "pytest.log").write_text(log)
     summary = [line for line in log.splitlines() if " passed" in line or " failed" in line]

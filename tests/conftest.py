@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as rmsnorm_v
 def pytest_collection_modifyitems(config, items):
     if runtime.on_gpu():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (runs in scripts/gpu_suite.py on the H100)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_suite.py runs it on one)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
