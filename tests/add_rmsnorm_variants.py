@@ -34,13 +34,15 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
              mask=mask)
 
 
-def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True):
+def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True,
+            residual_stride=None):
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     h = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if h is None else h
+    stride_r = r2.stride(0) if residual_stride is None else residual_stride
     add_rmsnorm_kernel[(x2.shape[0],)](
-        x2, r2, weight, y, h, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0), n, eps,
+        x2, r2, weight, y, h, x2.stride(0), stride_r, y.stride(0), h.stride(0), n, eps,
         BLOCK_N=triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum)
     return y.view(x.shape), h.view(x.shape)
 
@@ -66,6 +68,11 @@ def residual_in_place(x, residual, weight, eps=1e-6):
 
 def norm_of_x(x, residual, weight, eps=1e-6):
     return _launch(x, residual, weight, eps, norm_of_x=True)
+
+
+def residual_with_x_stride(x, residual, weight, eps=1e-6):
+    # One stride for both inputs: right whenever they happen to share a layout.
+    return _launch(x, residual, weight, eps, residual_stride=x.reshape(-1, x.shape[-1]).stride(0))
 
 
 @triton.jit
@@ -96,4 +103,5 @@ BROKEN = {
     "residual_in_place": (residual_in_place, "in place"),
     "norm_of_x": (norm_of_x, "RMSNorm of x alone"),
     "add_then_norm": (add_then_norm, "The point of the fusion is one launch"),
+    "residual_with_x_stride": (residual_with_x_stride, "each tensor by its own row stride"),
 }

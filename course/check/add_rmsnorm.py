@@ -29,6 +29,8 @@ def _cases() -> tuple[Case, ...]:
         Case("M = 1", (1, 257), f32, frozenset({"edge", "odd_n"})),
         Case("wide rows", (3, 3000), f32, frozenset({"wide", "odd_n"})),
         Case("strided rows", (6, 128), f32, frozenset({"strided"}), row_padding=40),
+        # x contiguous, the residual's rows padded: each input needs its own row stride.
+        Case("residual laid out unlike x", (6, 128), f32, frozenset({"own_strides", "pow2"})),
         Case("3-D input", (2, 3, 64), f32, frozenset({"nd", "pow2"})),
         # x + residual is zero on these rows: the norm must give 0, not NaN.
         Case("sums of zeros", (6, 64), f32, frozenset({"zeros", "pow2"}), zero_rows=(1, 4)),
@@ -50,7 +52,9 @@ def _cases() -> tuple[Case, ...]:
 def _inputs(case: Case, gen: torch.Generator) -> Inputs:
     # On the case's zero rows both x and the residual are zero, so their sum is too.
     return {"x": case.make_input(gen),
-            "residual": case.make_like_input(gen, scale=case.scale, zero_rows=True),
+            "residual": case.make_like_input(gen, scale=case.scale, zero_rows=True,
+                                             row_padding=24 if "own_strides" in case.tags
+                                             else None),
             "weight": case.make_vector(gen)}
 
 
@@ -102,6 +106,12 @@ ADD_RMSNORM = Exercise(
     max_launches=1,
     suspects=SUSPECTS,
     advice={
+        "row_offset": (
+            "Row 0 is right but the other rows are wrong: each program must offset its "
+            "pointers by its row, and each tensor by its own row stride. x, the residual "
+            "and the two outputs can be laid out differently (one of the checks pads the "
+            "residual's rows but not x's): pass residual.stride(0) and use it for the "
+            "residual, x.stride(0) for x."),
         "input_written:residual": (
             "Your kernel writes x + residual into `residual`, in place. Inference stacks "
             "(vLLM's fused_add_rms_norm) do that on purpose, but this exercise is out of "

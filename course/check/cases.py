@@ -75,10 +75,13 @@ class Case:
         return guarded(values.to(dtype or self.weight_dtype).to(runtime.DEVICE))
 
     def make_like_input(self, gen: torch.Generator, *, scale: float = 1.0,
-                        offset: float = 0.0, zero_rows: bool = False) -> GuardedInput:
-        """A second tensor of the input's shape, dtype and layout (a residual, an upstream
-        gradient), with its own values; zero on the case's zero rows if `zero_rows`."""
+                        offset: float = 0.0, zero_rows: bool = False,
+                        row_padding: int | None = None) -> GuardedInput:
+        """A second tensor of the input's shape and dtype (a residual, an upstream gradient),
+        with its own values; zero on the case's zero rows if `zero_rows`. Its rows are laid
+        out like the input's unless `row_padding` gives them their own stride."""
         values = torch.randn(self.shape, generator=gen) * scale + offset
         if zero_rows and self.zero_rows:
             values.reshape(-1, self.n)[list(self.zero_rows)] = 0.0
-        return guarded(values.to(self.dtype).to(runtime.DEVICE), row_padding=self.row_padding)
+        padding = self.row_padding if row_padding is None else row_padding
+        return guarded(values.to(self.dtype).to(runtime.DEVICE), row_padding=padding)
