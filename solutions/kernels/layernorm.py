@@ -23,7 +23,14 @@ import triton.language as tl
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
 from solutions.kernels.sibling_sync import arrive_and_wait, publish, read_partials
-from solutions.kernels.validation import as_rows, check_eps, check_param, check_same_rows
+from solutions.kernels.validation import (
+    as_rows,
+    check_eps,
+    check_param,
+    check_path_runs_here,
+    check_same_rows,
+    row_statistic,
+)
 
 
 @triton.jit
@@ -193,8 +200,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
                                             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
                                             num_warps=plan.num_warps)
         elif plan.path == "split":
-            if x.device.type != "cuda":
-                raise ValueError("the split path needs a GPU")
+            check_path_runs_here(plan.path, x.device)
             partials = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
             arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
             layernorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, x2.stride(0),
@@ -362,20 +368,15 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     dy2 = check_same_rows(x, dy, "dy")
     check_param(x, weight, "weight")
     M, N = x2.shape
-    for name, stat in (("mean", mean), ("rstd", rstd)):
-        if stat.dtype != torch.float32 or stat.numel() != M:
-            raise ValueError(f"{name} must be float32 with one value per row ({M}), got "
-                             f"{stat.dtype} with {stat.numel()} values")
-    mean = mean.reshape(M).contiguous()
-    rstd = rstd.reshape(M).contiguous()
+    mean = row_statistic(mean, M, "mean")
+    rstd = row_statistic(rstd, M, "rstd")
     param_dtype = param_dtype or (weight.dtype if weight is not None else x.dtype)
     dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if M == 0:
         zeros = torch.zeros(2, N, dtype=param_dtype, device=x.device)
         return dx.view(x.shape), zeros[0], zeros[1]
     plan = plan or backward_plan(M, N, x.device, layernorm=True)
-    if plan.path == "split" and x.device.type != "cuda":
-        raise ValueError("the split path needs a GPU")
+    check_path_runs_here(plan.path, x.device)
     rows_per_program = plan.rows_per_program(M)
     programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path
     alloc = torch.zeros if plan.path == "loop" else torch.empty

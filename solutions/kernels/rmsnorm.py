@@ -24,7 +24,14 @@ import triton.language as tl
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
 from solutions.kernels.sibling_sync import arrive_and_wait, publish, read_partials
-from solutions.kernels.validation import as_rows, check_eps, check_param, check_same_rows
+from solutions.kernels.validation import (
+    as_rows,
+    check_eps,
+    check_param,
+    check_path_runs_here,
+    check_same_rows,
+    row_statistic,
+)
 
 # --------------------------------------------------------------------------- forward kernels
 
@@ -217,9 +224,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                                           PREFETCH=plan.prefetch, BLOCK_M=plan.block_m,
                                           BLOCK_N=plan.block_n, num_warps=plan.num_warps)
         elif plan.path == "split":
-            if x.device.type != "cuda":
-                raise ValueError("the split path needs a GPU (its programs wait for each "
-                                 "other, which the interpreter cannot run)")
+            check_path_runs_here(plan.path, x.device)
             partials = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
             arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
             rmsnorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, *strides, eps,
@@ -369,17 +374,13 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     dy2 = check_same_rows(x, dy, "dy")
     check_param(x, weight, "weight")
     M, N = x2.shape
-    if rstd.dtype != torch.float32 or rstd.numel() != M:
-        raise ValueError(f"rstd must be float32 with one value per row ({M}), got "
-                         f"{rstd.dtype} with {rstd.numel()} values")
-    rstd = rstd.reshape(M).contiguous()
+    rstd = row_statistic(rstd, M, "rstd")
     dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if M == 0:
         dw = torch.zeros_like(weight) if weight is not None else None
         return dx.view(x.shape), dw
     plan = plan or backward_plan(M, N, x.device)
-    if plan.path == "split" and x.device.type != "cuda":
-        raise ValueError("the split path needs a GPU")
+    check_path_runs_here(plan.path, x.device)
     rows_per_program = plan.rows_per_program(M)
     programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path
     alloc = torch.zeros if plan.path == "loop" else torch.empty

@@ -70,3 +70,22 @@ def check_eps(eps: float) -> float:
     if not eps >= 0.0:  # also rejects NaN
         raise ValueError(f"eps must be a non-negative number, got {eps}")
     return eps
+
+
+def row_statistic(stat: torch.Tensor, n_rows: int, name: str) -> torch.Tensor:
+    """A statistic the forward saved (rstd, the mean): float32, one value per row, returned
+    as a contiguous vector of n_rows."""
+    if not isinstance(stat, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(stat).__name__}")
+    if stat.dtype != torch.float32 or stat.numel() != n_rows:
+        raise ValueError(f"{name} must be float32 with one value per row ({n_rows}), got "
+                         f"{stat.dtype} with {stat.numel()} values")
+    return stat.reshape(n_rows).contiguous()
+
+
+def check_path_runs_here(path: str, device: torch.device) -> None:
+    """The split path's programs wait for each other, which only a GPU can run: Triton's
+    interpreter runs programs one after another, and the first to wait would wait forever."""
+    if path == "split" and device.type != "cuda":
+        raise ValueError("the split path needs a GPU (its programs wait for each other, "
+                         "which the interpreter cannot run)")
