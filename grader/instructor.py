@@ -137,6 +137,11 @@ def run_nbgrader(course: Course, args: Sequence[str], log_path: Path,
     # nbgrader starts `alembic` by name when it creates the gradebook (DESIGN.md's trap).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(env_extra or {})
+    if shutil.which("alembic", path=env["PATH"]) is None:
+        raise GraderError("nbgrader needs the `alembic` command to create its gradebook, and "
+                          "it is not on PATH (nor beside this Python). Install nbgrader into "
+                          "this environment, or put the bin/ folder of the one holding "
+                          "alembic on PATH.")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         log.write(f"$ nbgrader {' '.join(args)}\n")

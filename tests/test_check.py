@@ -162,6 +162,22 @@ def test_gpu_bandwidth_of_a_fused_kernel_meets_the_chapter_target():
 
 
 @pytest.mark.gpu
+def test_gpu_bandwidth_is_the_kernels_time_not_the_python_around_its_launch():
+    # A slow host (nbgrader's kernel spent 71 us per call on an H100 host) must not cost a
+    # fast kernel its points: 150 us of Python before each launch, longer than the kernel.
+    import time
+
+    def slow_host(x, w, eps=1e-6):
+        deadline = time.perf_counter() + 150e-6
+        while time.perf_counter() < deadline:
+            pass
+        return variants.correct(x, w, eps)
+
+    result = check.rmsnorm_forward_bandwidth(slow_host, target=0.75)
+    assert result.passed and result.best.seconds < 150e-6, result
+
+
+@pytest.mark.gpu
 def test_gpu_bandwidth_check_fails_a_slow_kernel_with_numbers():
     with pytest.raises(AssertionError, match="% of copy bandwidth"):
         check.rmsnorm_forward_bandwidth(variants.two_pass_slow, target=0.75, retries=2)

@@ -147,9 +147,10 @@ def beats_torch_compile(fn: Callable, *, shapes: Sequence[tuple[int, int]] = DEF
         nbytes = traffic.fused_rmsnorm(m, n, dtype).bytes
         best = None
         for attempt in range(1, max(1, retries) + 1):
-            yours = bench.measure(f"yours {label}", fn, make_args, nbytes, reps=reps)
+            yours = bench.measure(f"yours {label}", fn, make_args, nbytes, reps=reps,
+                                  hide_launch=True)
             theirs = bench.measure(f"torch.compile {label}", compiled, make_args, nbytes,
-                                   reps=reps)
+                                   reps=reps, hide_launch=True)
             timing = ShapeTiming((m, n), yours, theirs, attempt, tolerance)
             if best is None or timing.speedup > best.speedup:
                 best = timing

@@ -120,7 +120,8 @@ def rmsnorm_two_pass_bandwidth(fn: Callable, *, shape: tuple[int, int] = (16384,
 
     ideal = traffic.fused_rmsnorm(m, n, dtype)
     model = traffic.two_pass_rmsnorm(m, n, dtype)
-    measurement = bench.measure(label, fn, make_args, ideal.bytes, reps=reps)
+    measurement = bench.measure(label, fn, make_args, ideal.bytes, reps=reps,
+                                hide_launch=True)
     result = ModelComparison(measurement, model, model.time_floor(hardware.copy_bandwidth()))
     if not quiet:
         print(result)

@@ -450,7 +450,8 @@ class TrafficCalculator(CourseWidget):
                              "choose a smaller M or N")
         make_args = self.variant.make_args
         measured = bench.measure(f"{self.kernel} {M}x{N} {self.dtype.value}", self.fn,
-                                 lambda: make_args(M, N, x_dtype, w_dtype), nbytes)
+                                 lambda: make_args(M, N, x_dtype, w_dtype), nbytes,
+                                 hide_launch=True)
         measured = bench.Measurement(measured.label, measured.seconds, measured.nbytes,
                                      measured.copy_bytes_per_s, {"M": M, "N": N})
         self.measurements.append((self._settings(), measured))
