@@ -50,6 +50,22 @@ def on_gpu() -> bool:
     return MODE == "gpu"
 
 
+# Set to "1" by the autograder (`make autograde`, `course grade`) for the notebooks it runs.
+GRADING_ENV = "COURSE_GRADING"
+
+
+def grading() -> bool:
+    """True inside a notebook the autograder is running."""
+    return os.environ.get(GRADING_ENV) == "1"
+
+
+def timing_demos() -> bool:
+    """Whether the notebooks' ungraded measurements run: on a GPU, but not while grading,
+    where only the graded cells time kernels (a chapter's demonstration sweeps would
+    otherwise add half a minute to every submission)."""
+    return on_gpu() and not grading()
+
+
 def interpreted() -> bool:
     return MODE == "interpreter"
 

@@ -66,6 +66,24 @@ def run_pytest(out: Path, files: list[str]) -> dict:
     return {"returncode": proc.returncode, "summary": summary[-1] if summary else log[-500:]}
 
 
+def cell_seconds(nb) -> list[tuple[float, int, str]]:
+    """(seconds, index, grade id or first line) of each executed code cell, from the timing
+    nbclient records in its metadata: where a notebook's (and so a grading run's) time goes."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        timing = cell.get("metadata", {}).get("execution", {})
+        start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+        if cell.cell_type != "code" or not (start and end):
+            continue
+        seconds = (datetime.datetime.fromisoformat(end.replace("Z", "+00:00"))
+                   - datetime.datetime.fromisoformat(start.replace("Z", "+00:00"))
+                   ).total_seconds()
+        label = (cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+                 or cell.source.strip().splitlines()[0][:40])
+        out.append((seconds, i, label))
+    return out
+
+
 def run_notebooks(out: Path, pattern: str = "ch*") -> list[dict]:
     """Execute every source notebook top to bottom on the GPU (visible and hidden tests,
     bandwidth checks included); record each graded cell's outcome and the text it printed."""
@@ -96,6 +114,9 @@ def run_notebooks(out: Path, pattern: str = "ch*") -> list[dict]:
         ok = all(c["passed"] for c in cells)
         print(f"{path.parent.name}: {'all cells pass' if ok else 'FAILED'} in {seconds:.0f} s",
               flush=True)
+        slowest = sorted(cell_seconds(nb), reverse=True)[:5]
+        print("  slowest cells: " + ", ".join(f"#{i} {label} {t:.1f} s"
+                                              for t, i, label in slowest), flush=True)
         for c in cells:
             if "bandwidth" in c["grade_id"] or "compile" in c["grade_id"] or not c["passed"]:
                 print(f"  {c['grade_id']}: {'pass' if c['passed'] else c['error']}\n"
@@ -103,7 +124,7 @@ def run_notebooks(out: Path, pattern: str = "ch*") -> list[dict]:
         if not ok:  # the executed notebook, outputs and all, comes back for a look
             nbformat.write(nb, out / f"{path.stem}.executed.ipynb")
         results.append({"notebook": path.parent.name, "seconds": seconds, "passed": ok,
-                        "cells": cells})
+                        "cells": cells, "slowest_cells": slowest})
     (out / "notebooks.json").write_text(json.dumps(results, indent=1))
     return results
 

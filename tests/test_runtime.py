@@ -91,3 +91,13 @@ def test_gpu_copy_bandwidth_is_measured_below_the_published_peak():
     if spec is not None:
         assert measured < spec.hbm_bytes_per_s
     assert hardware.copy_bandwidth() == measured  # cached per process
+
+
+def test_demonstration_timings_run_on_a_gpu_but_not_while_grading(monkeypatch):
+    monkeypatch.delenv(runtime.GRADING_ENV, raising=False)
+    assert not runtime.grading()
+    assert runtime.timing_demos() == runtime.on_gpu()
+    monkeypatch.setenv(runtime.GRADING_ENV, "1")
+    assert runtime.grading() and not runtime.timing_demos()
+    monkeypatch.setenv(runtime.GRADING_ENV, "0")
+    assert not runtime.grading()

@@ -3,7 +3,6 @@ same GPU in the same process. GPU only; without one they say so instead of guess
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +62,7 @@ def needs_gpu_message(label: str) -> str:
             "with a CUDA GPU (for example Colab with a GPU runtime).")
 
 
-GRADING_ENV = "COURSE_GRADING"
+GRADING_ENV = runtime.GRADING_ENV
 
 
 def resolve_on_cpu(on_cpu: str) -> str:
@@ -72,7 +71,7 @@ def resolve_on_cpu(on_cpu: str) -> str:
     a laptop sees a skip; a submission graded without a GPU earns no bandwidth points."""
     if on_cpu not in ("skip", "fail"):
         raise ValueError(f"on_cpu must be 'skip' or 'fail', not {on_cpu!r}")
-    return "fail" if os.environ.get(GRADING_ENV) == "1" else on_cpu
+    return "fail" if runtime.grading() else on_cpu
 
 
 def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
