@@ -12,7 +12,7 @@ LAB_ARGS ?=
 # nbgrader runs `alembic` as a subprocess: the venv's bin/ must be on PATH.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: lab test doctor release bench-gpu clean
+.PHONY: lab test browser doctor release bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -23,9 +23,23 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(BIN)/jupyter lab --port=$(PORT) --notebook-dir=notebooks $(LAB_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# tests/test_browser.py drives Debian's Chromium through Playwright (never `playwright
+# install`: it downloads a browser). Installed here where apt-get can run as root; anywhere
+# else, or if the install fails, that test skips and says what is missing.
+browser:
+	@command -v chromium >/dev/null || \
+	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's chromium for tests/test_browser.py"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+		echo "could not install chromium: tests/test_browser.py will skip"; \
+	else \
+		echo "no chromium, and no apt-get as root to install it: tests/test_browser.py will skip"; \
+	fi
 
 doctor: $(STAMP)
 	$(BIN)/python -m course doctor

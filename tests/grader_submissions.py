@@ -317,6 +317,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
     return y.view(x.shape)
 '''
 
+# Every program reads row 0 (x's row offset left out): row 0 comes out right, the rest wrong.
+CH04_ROW_OFFSET = _CH04_KERNEL.replace("x_ptr + row * stride_x_row + cols",
+                                       "x_ptr + cols") + _CH04_WRAPPER
+assert CH04_ROW_OFFSET != _CH04_KERNEL + _CH04_WRAPPER
+
 # For the GPU run: an offset 2**40 elements past the output, an illegal address on a GPU.
 CH04_ILLEGAL_ADDRESS = _CH04_KERNEL.replace(
     "tl.store(y_ptr + row * stride_y_row + cols,",

@@ -171,9 +171,14 @@ def test_plot_marks_the_current_point_and_follows_the_slider():
     expected_us = 1e6 * traffic.fused_rmsnorm(4096, 8192, "bf16").bytes / H100.hbm_bytes_per_s
     assert list(marker.get_xdata()) == [8192]
     assert marker.get_ydata()[0] == pytest.approx(expected_us)
-    (curve,) = lines_labelled(calc.figure, "this variant, H100 SXM peak")
+    # The fused kernel moves the ideal bytes: one line says so, no ideal line hides under it.
+    (curve,) = lines_labelled(calc.figure, "this variant (= ideal single pass), H100 SXM peak")
     assert list(curve.get_xdata()) == list(calc.n_slider.options)
+    assert lines_labelled(calc.figure, "ideal single pass, peak") == []
     assert calc.plot.image.value[:4] == PNG_MAGIC
+    two_pass = traffic_calculator("two_pass_rmsnorm", M=4096, N=1024, gpu="H100 SXM")
+    assert len(lines_labelled(two_pass.figure, "this variant, H100 SXM peak")) == 1
+    assert len(lines_labelled(two_pass.figure, "ideal single pass, peak")) == 1
 
 
 def test_moving_controls_redraws_one_figure_and_leaves_no_pyplot_figures():

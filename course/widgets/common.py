@@ -9,6 +9,7 @@ renders in JupyterLab, Colab and a headless test.
 
 from __future__ import annotations
 
+import html
 import io
 from collections.abc import Callable, Sequence
 
@@ -133,6 +134,20 @@ def gpu_dropdown(value: str) -> widgets.Dropdown:
                             description="GPU", layout=widgets.Layout(width="220px"))
 
 
+def control_row(controls: Sequence[widgets.Widget]) -> widgets.HBox:
+    """Controls side by side, moving to a new line where the notebook is too narrow for
+    them all (a small screen, a side panel open) instead of running past its edge."""
+    return widgets.HBox(list(controls), layout=widgets.Layout(flex_flow="row wrap"))
+
+
+def lines_html(text: str) -> str:
+    """Each line of `text` as a paragraph of its own: a line too long for the notebook
+    wraps tightly, and a small gap separates one line from the next (ipywidgets' own
+    line height, one control's height, would make a wrapped line look like two)."""
+    return "".join(f'<div style="line-height:1.4;margin-bottom:4px">{html.escape(line)}</div>'
+                   for line in text.splitlines())
+
+
 def observe_all(controls: Sequence[widgets.Widget], callback: Callable[[dict], None]) -> None:
     for control in controls:
         control.observe(callback, names="value")
@@ -146,8 +161,12 @@ class FigureImage:
 
     def __init__(self, figsize: tuple[float, float] = FIGURE_SIZE_IN) -> None:
         self.figure = Figure(figsize=figsize)
+        # Drawn for FIGURE_WIDTH_PX, and scaled down where the notebook is narrower (less
+        # the 2 px margin ipywidgets gives every widget on either side).
         self.image = widgets.Image(format="png",
-                                   layout=widgets.Layout(width=f"{FIGURE_WIDTH_PX}px"))
+                                   layout=widgets.Layout(width=f"{FIGURE_WIDTH_PX}px",
+                                                         max_width="calc(100% - 4px)",
+                                                         height="auto"))
 
     def new_axes(self):
         """Clear the figure and return a fresh axes to draw on."""

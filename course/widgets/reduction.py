@@ -18,13 +18,12 @@ T partial sums are combined in log2(T) steps, in one of two ways:
 
 from __future__ import annotations
 
-import html
 import random
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from course.widgets.common import MAX_WIDTH, CourseWidget, FigureImage
+from course.widgets.common import MAX_WIDTH, CourseWidget, FigureImage, control_row, lines_html
 
 import ipywidgets as widgets
 from matplotlib.patches import Rectangle
@@ -183,7 +182,7 @@ class ReductionVisualiser(CourseWidget):
                                         description="threads",
                                         layout=widgets.Layout(width="160px"))
         self.mode = widgets.ToggleButtons(options=[(label, key) for key, label in MODES.items()],
-                                          value=mode, style={"button_width": "230px"})
+                                          value=mode, style={"button_width": "auto"})
         self.step = widgets.IntSlider(value=0, min=0, max=1, description="step")
         self.prev_button = widgets.Button(description="previous", icon="step-backward",
                                           layout=widgets.Layout(width="110px"))
@@ -203,8 +202,8 @@ class ReductionVisualiser(CourseWidget):
         self.widget = widgets.VBox([
             widgets.HTML("<b>Reducing one row: who holds which partial sum</b>"),
             self.mode,
-            widgets.HBox([self.length, self.threads, self.new_row_button]),
-            widgets.HBox([self.step, self.prev_button, self.next_button]),
+            control_row([self.length, self.threads, self.new_row_button]),
+            control_row([self.step, self.prev_button, self.next_button]),
             self.summary, self.plot.image,
         ], layout=widgets.Layout(max_width=MAX_WIDTH))
         self._rebuild()
@@ -271,8 +270,7 @@ class ReductionVisualiser(CourseWidget):
 
     def update(self) -> None:
         self.summary_text = self._summary_text()
-        self.summary.value = "<br>".join(html.escape(line)
-                                         for line in self.summary_text.splitlines())
+        self.summary.value = lines_html(self.summary_text)
         self._draw()
 
     def _barrier_rule(self) -> str:

@@ -10,8 +10,6 @@ bytes, and the distance (`course.traffic.distance_from_ridge`) says by how much.
 
 from __future__ import annotations
 
-import html
-
 from course import hardware, traffic
 from course.widgets.common import (
     MAX_M,
@@ -19,11 +17,13 @@ from course.widgets.common import (
     MAX_WIDTH,
     CourseWidget,
     FigureImage,
+    control_row,
     dtype_choice,
     dtype_dropdown,
     format_seconds,
     gpu_choice,
     gpu_dropdown,
+    lines_html,
     observe_all,
     positive_int,
     shape_slider,
@@ -68,8 +68,8 @@ class RooflineExplorer(CourseWidget):
                     self._on_change)
         self.widget = widgets.VBox([
             widgets.HTML("<b>Roofline: where the norm sits</b>"),
-            widgets.HBox([self.gpu, self.dtype, self.kernel]),
-            widgets.HBox([self.m_slider, self.n_slider]),
+            control_row([self.gpu, self.dtype, self.kernel]),
+            control_row([self.m_slider, self.n_slider]),
             self.summary, self.plot.image,
         ], layout=widgets.Layout(max_width=MAX_WIDTH))
         self.update()
@@ -90,8 +90,7 @@ class RooflineExplorer(CourseWidget):
                                                     self.dtype.value)
         self.time_floor_s = traffic.time_floor_at_peak(self.current_traffic, self.spec)
         self.summary_text = self._summary_text()
-        self.summary.value = "<br>".join(html.escape(line)
-                                         for line in self.summary_text.splitlines())
+        self.summary.value = lines_html(self.summary_text)
         self._draw()
 
     def _summary_text(self) -> str:

@@ -23,6 +23,7 @@ from course.widgets.common import (
     MAX_WIDTH,
     CourseWidget,
     FigureImage,
+    control_row,
     dtype_choice,
     dtype_dropdown,
     format_bytes,
@@ -30,6 +31,7 @@ from course.widgets.common import (
     format_seconds,
     gpu_choice,
     gpu_dropdown,
+    lines_html,
     measured_gpu_name,
     observe_all,
     positive_int,
@@ -42,6 +44,11 @@ import torch
 NO_GPU_LABEL = "measuring needs a GPU (predictions above still hold)"
 # Below this, a launch's fixed cost (a few microseconds) outweighs the traffic.
 _LAUNCH_DOMINATES_S = 5e-6
+
+# ipywidgets reads a Dropdown value of None as "nothing selected", and the browser then shows
+# an empty box: the choices that mean "no particular value" have names of their own.
+SAME_AS_X = "same as x"
+AUTO = "auto"
 
 _OPTION_LABELS = {
     "save_rstd": "save rstd (for the backward)",
@@ -220,7 +227,7 @@ class TrafficCalculator(CourseWidget):
         self.n_slider = shape_slider("N (row)", N, max(MAX_N, N))
         self.dtype = dtype_dropdown(dtype)
         self.weight_dtype = widgets.Dropdown(
-            options=[("same as x", None), ("float32", "float32")], value=None,
+            options=[SAME_AS_X, "float32"], value=SAME_AS_X,
             description="weight", layout=widgets.Layout(width="220px"))
         self.gpu = gpu_dropdown(gpu)
         self.options: dict[str, widgets.ValueWidget] = {
@@ -241,9 +248,9 @@ class TrafficCalculator(CourseWidget):
         self.measure_button.on_click(self._on_measure)
         self.widget = widgets.VBox([
             widgets.HTML(f"<b>HBM traffic: {html.escape(self.variant.title)}</b>"),
-            widgets.HBox([self.m_slider, self.n_slider]),
-            widgets.HBox([self.dtype, self.weight_dtype, self.gpu]),
-            widgets.HBox(list(self.options.values())),
+            control_row([self.m_slider, self.n_slider]),
+            control_row([self.dtype, self.weight_dtype, self.gpu]),
+            control_row(list(self.options.values())),
             self.table, self.summary, self.plot.image,
             widgets.HBox([self.measure_button, self.measure_label]),
         ], layout=widgets.Layout(max_width=MAX_WIDTH))
@@ -253,8 +260,9 @@ class TrafficCalculator(CourseWidget):
     def _option_control(name: str, default: Any) -> widgets.ValueWidget:
         label = _OPTION_LABELS[name]
         if name == "partial_rows":
-            choices = [("auto", None)] + [(str(2**k), 2**k) for k in range(13)]
-            return widgets.Dropdown(options=choices, value=default, description=label,
+            choices = [(AUTO, AUTO)] + [(str(2**k), 2**k) for k in range(13)]
+            return widgets.Dropdown(options=choices, value=AUTO if default is None else default,
+                                    description=label,
                                     style={"description_width": "initial"},
                                     layout=widgets.Layout(width="300px"))
         return widgets.Checkbox(value=default, description=label, indent=False,
@@ -268,7 +276,14 @@ class TrafficCalculator(CourseWidget):
 
     @property
     def option_values(self) -> dict[str, Any]:
-        return {name: control.value for name, control in self.options.items()}
+        """The variant's options as its model takes them ("auto" is None)."""
+        return {name: None if control.value == AUTO else control.value
+                for name, control in self.options.items()}
+
+    @property
+    def weight_dtype_name(self) -> str | None:
+        """The weight's dtype as the models take it: None when it is x's."""
+        return None if self.weight_dtype.value == SAME_AS_X else self.weight_dtype.value
 
     @property
     def spec(self) -> hardware.GPUSpec:
@@ -276,17 +291,17 @@ class TrafficCalculator(CourseWidget):
 
     def model(self, M: int, N: int) -> traffic.Traffic:
         """The variant's traffic at this shape with the current dtype and options."""
-        return self.variant.model(M, N, self.dtype.value, self.weight_dtype.value,
+        return self.variant.model(M, N, self.dtype.value, self.weight_dtype_name,
                                   **self.option_values)
 
     def ideal(self, M: int, N: int) -> int:
         """The ideal single-pass bytes of the same job at this shape."""
-        return self.variant.ideal(M, N, self.dtype.value, self.weight_dtype.value,
+        return self.variant.ideal(M, N, self.dtype.value, self.weight_dtype_name,
                                   self.option_values)
 
     def _settings(self) -> tuple:
         """What a measurement depends on besides N: every control but the GPU in the table."""
-        return (self.m_slider.value, self.dtype.value, self.weight_dtype.value,
+        return (self.m_slider.value, self.dtype.value, self.weight_dtype_name,
                 tuple(sorted(self.option_values.items())))
 
     @property
@@ -313,9 +328,9 @@ class TrafficCalculator(CourseWidget):
                                         if self.rates is not None else None)
         self.table_html = self._table_html()
         self.summary_text = self._summary_text()
-        self.table.value = self.table_html
-        self.summary.value = "<br>".join(html.escape(line)
-                                         for line in self.summary_text.splitlines())
+        # On a very narrow screen the table scrolls sideways rather than run off the edge.
+        self.table.value = f'<div style="overflow-x:auto">{self.table_html}</div>'
+        self.summary.value = lines_html(self.summary_text)
         self._draw()
 
     def _table_html(self) -> str:
@@ -386,10 +401,14 @@ class TrafficCalculator(CourseWidget):
         spec = self.spec
         ns = list(self.n_slider.options)
         ax = self.plot.new_axes()
+        at_ideal = all(self.model(M, n).bytes == self.ideal(M, n) for n in ns)
+        # A variant that moves the ideal bytes would hide the ideal line under its own.
         ax.plot(ns, [1e6 * self.model(M, n).predicted_time(spec.hbm_bytes_per_s) for n in ns],
-                label=f"this variant, {spec.name} peak")
-        ax.plot(ns, [1e6 * self.ideal(M, n) / spec.hbm_bytes_per_s for n in ns], "--",
-                color="grey", label="ideal single pass, peak")
+                label=f"this variant{' (= ideal single pass)' if at_ideal else ''}, "
+                      f"{spec.name} peak")
+        if not at_ideal:
+            ax.plot(ns, [1e6 * self.ideal(M, n) / spec.hbm_bytes_per_s for n in ns], "--",
+                    color="grey", label="ideal single pass, peak")
         if self.rates is not None:
             ax.plot(ns, [1e6 * self.rates.predicted_time(self.model(M, n)) for n in ns], ":",
                     label="this variant, this GPU (measured rates)")
@@ -440,7 +459,7 @@ class TrafficCalculator(CourseWidget):
                              f"{self.variant.exercise}")
         M, N = self.shape
         x_dtype = traffic.as_torch_dtype(self.dtype.value)
-        w_dtype = traffic.as_torch_dtype(self.weight_dtype.value or self.dtype.value)
+        w_dtype = traffic.as_torch_dtype(self.weight_dtype_name or self.dtype.value)
         nbytes = self.ideal_bytes
         needed = nbytes * (bench.copies_needed(nbytes) + 1)
         free = torch.cuda.mem_get_info()[0]
