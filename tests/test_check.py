@@ -208,3 +208,25 @@ def test_a_row_scaled_by_a_wrong_rstd_is_caught_even_within_elementwise_toleranc
     assert mismatch is not None and mismatch.n_bad == 0
     assert mismatch.bad_rows == (0, 1, 2, 3)
     assert "off by a common factor" in mismatch.describe()
+
+
+def test_a_failed_check_shows_the_learner_its_message_not_the_checkers_frames():
+    import traceback
+
+    with pytest.raises(AssertionError) as caught:
+        check.rmsnorm_forward(variants.BROKEN["missing_mask"][0], seed=5, quiet=True)
+    frames = traceback.extract_tb(caught.value.__traceback__)
+    inside = [f for f in frames if "/course/check/" in f.filename.replace("\\", "/")]
+    # Only the wrapper's own frame is left (IPython always shows the frame that raised).
+    assert [f.name for f in inside] == ["wrapper"], [f"{f.filename}:{f.name}" for f in frames]
+    assert caught.value.__suppress_context__
+    assert "rmsnorm_forward check failed" in str(caught.value)
+
+
+def test_a_misused_checker_keeps_its_whole_traceback():
+    with pytest.raises(TypeError) as caught:
+        check.rmsnorm_forward("rmsnorm")
+    import traceback
+
+    names = [f.name for f in traceback.extract_tb(caught.value.__traceback__)]
+    assert "run_exercise" in names, names

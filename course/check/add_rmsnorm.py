@@ -12,6 +12,7 @@ from collections.abc import Callable
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, check_bandwidth, verify_outputs
 from course.check.cases import Case
+from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise, Inputs, Suspect, Tensors
 from course.check.suite import check_and_raise
@@ -132,12 +133,14 @@ ADD_RMSNORM = Exercise(
 )
 
 
+@learner_facing
 def add_rmsnorm(fn: Callable, *, seed: int | None = None, quiet: bool = False) -> Report:
     """Check a learner's `add_rmsnorm(x, residual, weight, eps=1e-6)` on every case; raise
     AssertionError with advice on failure, return the report (printed unless quiet)."""
     return check_and_raise(ADD_RMSNORM, fn, seed=seed, quiet=quiet)
 
 
+@learner_facing
 def add_rmsnorm_bandwidth(fn: Callable, *, target: float = 0.75,
                           shape: tuple[int, int] = (16384, 4096),
                           dtype: torch.dtype | None = None, retries: int = 3,

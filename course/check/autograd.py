@@ -28,6 +28,7 @@ from course.check.backward import RMSNORM_BACKWARD, dw_sum_atol, dw_terms
 from course.check.cases import Case
 from course.check.compare import TOLERANCES, compare
 from course.check.diagnose import advise
+from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import (
     CaseResult,
@@ -260,6 +261,7 @@ def _gradcheck(function_class: type, gen: torch.Generator) -> tuple[CaseResult |
     return CaseResult(case, findings=tuple(findings), launches=tuple(record.launches)), ""
 
 
+@learner_facing
 def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
                      quiet: bool = False) -> Report:
     """Check a learner's `RMSNormFunction` (a torch.autograd.Function used as

@@ -19,6 +19,7 @@ from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, check_bandwidth, verify_outputs
 from course.check.cases import Case
 from course.check.inputs import guarded
+from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise, Inputs, Suspect, Tensors
 from course.check.suite import check_and_raise
@@ -203,12 +204,14 @@ RMSNORM_BACKWARD = Exercise(
 )
 
 
+@learner_facing
 def rmsnorm_backward(fn: Callable, *, seed: int | None = None, quiet: bool = False) -> Report:
     """Check a learner's `rmsnorm_backward(x, weight, rstd, dy) -> (dx, dw)` against
     `course.reference.rmsnorm_backward`; raise AssertionError with advice on failure."""
     return check_and_raise(RMSNORM_BACKWARD, fn, seed=seed, quiet=quiet)
 
 
+@learner_facing
 def rmsnorm_backward_bandwidth(fn: Callable, *, target: float = 0.6,
                                shape: tuple[int, int] = (16384, 4096),
                                dtype: torch.dtype | None = None, retries: int = 3,

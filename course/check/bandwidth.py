@@ -9,6 +9,7 @@ from typing import Any
 
 from course import bench, hardware, runtime
 from course.check.compare import compare
+from course.check.learner_facing import learner_facing
 from course.hardware import NeedsGPU
 
 import torch
@@ -74,6 +75,7 @@ def resolve_on_cpu(on_cpu: str) -> str:
     return "fail" if runtime.grading() else on_cpu
 
 
+@learner_facing
 def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
                     nbytes: int, *, target: float, retries: int = 3, reps: int = 50,
                     on_cpu: str = "fail", advice: str = "") -> BandwidthResult | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from course import baselines, bench, reference, runtime, traffic
 from course.check.bandwidth import resolve_on_cpu, verify_outputs
+from course.check.learner_facing import learner_facing
 from course.hardware import NeedsGPU
 
 import torch
@@ -102,6 +103,7 @@ def _needs_gpu(on_cpu: str) -> None:
     raise NeedsGPU(message)
 
 
+@learner_facing
 def beats_torch_compile(fn: Callable, *, shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES,
                         dtype: torch.dtype = torch.bfloat16, retries: int = 3, reps: int = 50,
                         tolerance: float = 0.02, on_cpu: str = "skip", quiet: bool = False

@@ -13,6 +13,7 @@ from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, check_bandwidth
 from course.check.cases import Case
 from course.check.compare import compare
+from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise
 from course.check.suite import check_and_raise
@@ -75,6 +76,7 @@ RMSNORM_FORWARD = Exercise(
 )
 
 
+@learner_facing
 def rmsnorm_forward(fn: Callable, *, seed: int | None = None, max_launches: int = 1,
                     quiet: bool = False) -> Report:
     """Check a learner's `rmsnorm(x, weight, eps=1e-6)` on every case; raise AssertionError
@@ -85,6 +87,7 @@ def rmsnorm_forward(fn: Callable, *, seed: int | None = None, max_launches: int 
     return check_and_raise(exercise, fn, seed=seed, quiet=quiet)
 
 
+@learner_facing
 def rmsnorm_forward_bandwidth(fn: Callable, *, target: float = 0.75,
                               shape: tuple[int, int] = (16384, 4096),
                               dtype: torch.dtype | None = None, retries: int = 3,

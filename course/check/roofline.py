@@ -24,6 +24,7 @@ from numbers import Real
 
 from course import traffic
 from course.check.cases import Case
+from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import CaseResult, Finding, fresh_seed
 
@@ -191,6 +192,7 @@ def _diagnose(function: _Function, calls: list[_Call]) -> str:
     return f"for ({args}) it returned {example.got!r}, expected {example.want!r}{spread}"
 
 
+@learner_facing
 def roofline_functions(fused_rmsnorm_bytes: Callable[[int, int, int], int],
                        rmsnorm_flops: Callable[[int, int], int],
                        arithmetic_intensity: Callable[[float, float], float],

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from course.check.cases import Case
+from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.rmsnorm import RMSNORM_FORWARD
 from course.check.runner import Exercise, Finding
@@ -100,6 +101,7 @@ TORCH_RMSNORM = Exercise(
 )
 
 
+@learner_facing
 def torch_rmsnorm(fn: Callable, *, seed: int | None = None, quiet: bool = False) -> Report:
     """Check a learner's plain-PyTorch `rmsnorm_torch(x, weight, eps=1e-6)`; raise
     AssertionError with advice on failure, return the report (printed unless quiet)."""

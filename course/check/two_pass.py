@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from course import bench, hardware, reference, runtime, traffic
 from course.check.bandwidth import needs_gpu_message, resolve_on_cpu, verify_outputs
 from course.check.cases import Case
+from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.rmsnorm import RMSNORM_FORWARD
 from course.check.runner import Exercise
@@ -57,6 +58,7 @@ TWO_PASS = Exercise(
 )
 
 
+@learner_facing
 def rmsnorm_two_pass(fn: Callable, *, seed: int | None = None, quiet: bool = False) -> Report:
     """Check a learner's `rmsnorm_two_pass(x, weight, eps=1e-6)` on the forward cases and on
     rows far longer than one block; raise AssertionError with advice on failure."""
@@ -89,6 +91,7 @@ class ModelComparison:
                 f"{self.measured_over_predicted:.2f}x the prediction.")
 
 
+@learner_facing
 def rmsnorm_two_pass_bandwidth(fn: Callable, *, shape: tuple[int, int] = (16384, 4096),
                                dtype: torch.dtype | None = None, reps: int = 50,
                                on_cpu: str = "skip", quiet: bool = False
