@@ -5,6 +5,19 @@ process tree, so that every figure comes from the same machine, the same run.
 
 Writes DIR/gpu_suite.json (every number), DIR/gpu_suite.md (tables to paste into
 docs/benchmarks.md) and DIR/pytest.log. Needs a CUDA GPU.
+
+On a bare GPU image without the Jupyter stack (the notebooks, widget and grader tests need
+it), carry wheels of nbgrader, nbclient, ipykernel, ipywidgets and tqdm for its Python and
+install them byte-compiled (without .pyc files every nbgrader process and kernel compiles
+its modules again: about 5 s a chapter), with their bin/ on PATH for nbgrader's `alembic`:
+
+    pip install --no-index --no-deps --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+
+Within a 10-minute call, split the work (times measured on an H100):
+    --skip-measurements --notebooks 'ch0[0-7]*' --tests <all but test_grader.py>  ~8 min
+    --skip-measurements --notebooks 'ch08*' --tests none                         ~1 min
+    pytest tests/test_grader.py -k test_on_a_gpu -s                              ~6 min
 """
 
 from __future__ import annotations
