@@ -15,7 +15,7 @@ its modules again: about 5 s a chapter), with their bin/ on PATH for nbgrader's 
     export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 
 Within a 10-minute call, split the work (times measured on an H100):
-    --skip-measurements --notebooks 'ch0[0-7]*' --tests <all but test_grader.py>  ~8 min
+    --skip-measurements --notebooks 'ch0[0-7]*' --tests <all but test_grader.py>  ~9 min
     --skip-measurements --notebooks 'ch08*' --tests none                         ~1 min
     pytest tests/test_grader.py -k test_on_a_gpu -s                              ~6 min
 """
