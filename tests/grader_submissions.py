@@ -9,6 +9,7 @@ several chapters, each with its own mistake (or none): their chapters are graded
 
 from __future__ import annotations
 
+import inspect
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+import rmsnorm_variants  # imports course first: kernels are defined after the mode is set
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER_LINE = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.M)
@@ -215,31 +217,26 @@ def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
              mask=mask)
 '''
 
-CH04_MISSING_MASK = '''\
-@triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
-                   BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)            # no mask: BLOCK_N columns even when N is less
-    x = tl.load(x_ptr + row * stride_x_row + cols).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols).to(tl.float32)
-    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty))
-''' + _CH04_WRAPPER
 
-CH04_BF16_ACCUMULATION = '''\
-@triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
-                   BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0)  # stays 16-bit
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0).to(tl.float32) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y_row + cols,
-             (x.to(tl.float32) * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-''' + _CH04_WRAPPER
+def _ch04_with(*edits: tuple[str, str]) -> str:
+    """The exercise cell with the correct kernel, each (old, new) edit applied (one bug),
+    and the wrapper."""
+    kernel = _CH04_KERNEL
+    for old, new in edits:
+        assert old in kernel, f"the chapter 4 kernel has no {old!r}"
+        kernel = kernel.replace(old, new)
+    return kernel + _CH04_WRAPPER
+
+
+CH04_MISSING_MASK = _ch04_with(  # BLOCK_N columns even when N is less
+    ("    mask = cols < n_cols\n", ""),
+    (", mask=mask, other=0.0)", ")"),
+    (",\n             mask=mask)", ")"))
+
+CH04_BF16_ACCUMULATION = _ch04_with(  # x stays 16-bit, and so does the sum of squares
+    ("other=0.0).to(tl.float32)\n    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols",
+     "other=0.0)\n    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0).to(tl.float32) / n_cols"),
+    ("(x * rstd * w)", "(x.to(tl.float32) * rstd * w)"))
 
 CH04_TORCH_OPS = _CH04_KERNEL + '''
 
@@ -254,18 +251,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
     return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
 '''
 
-CH04_NO_STORE = '''\
-@triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
-                   BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x * rstd * w    # computed, never stored: y reads as whatever memory held before
-''' + _CH04_WRAPPER
+CH04_NO_STORE = _ch04_with((  # y reads as whatever memory held before
+    "    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),"
+    "\n             mask=mask)\n", "    y = x * rstd * w    # computed, never stored\n"))
 
 CH04_CACHED = _CH04_KERNEL + '''
 
@@ -288,25 +276,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
 
 # For the GPU run: correct, but the two-pass kernel of chapter 03 (x read twice, in blocks
 # of 128 with one warp), so it misses the fused exercise's bandwidth target.
-CH04_TWO_PASS_SLOW = '''\
-@triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
-                   BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols, other=0.0)
-        acc += x.to(tl.float32) * x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
-                 mask=mask)
-
+CH04_TWO_PASS_SLOW = inspect.getsource(rmsnorm_variants.two_pass_kernel.fn).replace(
+    "two_pass_kernel", "rmsnorm_kernel") + '''
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     x2 = validation.as_rows(x)
@@ -318,14 +289,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
 '''
 
 # Every program reads row 0 (x's row offset left out): row 0 comes out right, the rest wrong.
-CH04_ROW_OFFSET = _CH04_KERNEL.replace("x_ptr + row * stride_x_row + cols",
-                                       "x_ptr + cols") + _CH04_WRAPPER
-assert CH04_ROW_OFFSET != _CH04_KERNEL + _CH04_WRAPPER
+CH04_ROW_OFFSET = _ch04_with(("x_ptr + row * stride_x_row + cols", "x_ptr + cols"))
 
 # For the GPU run: an offset 2**40 elements past the output, an illegal address on a GPU.
-CH04_ILLEGAL_ADDRESS = _CH04_KERNEL.replace(
-    "tl.store(y_ptr + row * stride_y_row + cols,",
-    "tl.store(y_ptr + (1 << 40) + row * stride_y_row + cols,") + _CH04_WRAPPER
+CH04_ILLEGAL_ADDRESS = _ch04_with(("tl.store(y_ptr + row * stride_y_row + cols,",
+                                   "tl.store(y_ptr + (1 << 40) + row * stride_y_row + cols,"))
 
 CH01_TESTS = ("ex01_torch_rmsnorm", "ex01_torch_rmsnorm_hidden")
 CH02_TESTS = ("ex02_roofline_functions", "ex02_roofline_functions_hidden")

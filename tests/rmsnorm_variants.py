@@ -47,7 +47,7 @@ def correct(x, weight, eps=1e-6):
 
 
 @triton.jit
-def _two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                      BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -70,7 +70,7 @@ def two_pass_slow(x, weight, eps=1e-6):
     x2 = _rows(x)
     y = torch.empty_like(x2)
     n = x2.shape[1]
-    _two_pass_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
+    two_pass_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
                                      BLOCK_N=128, num_warps=1)
     return y.view(x.shape)
 
