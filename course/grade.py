@@ -27,7 +27,7 @@ from pathlib import Path
 
 import course
 from course import runtime
-from course.check.bandwidth import GRADING_ENV as BANDWIDTH_GRADING_ENV
+from course.runtime import GRADING_ENV as BANDWIDTH_GRADING_ENV
 
 import nbformat
 from nbclient import NotebookClient

@@ -46,7 +46,7 @@ FAILED_LINE = re.compile(r"There was an error processing assignment '([^']+)' fo
 IGNORED_NAMES = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", ".DS_Store")
 # Set for the notebooks' kernels while autograding (they inherit nbgrader's environment):
 # the checkers then fail a bandwidth cell without a GPU instead of skipping it
-# (course/check/bandwidth.py, GRADING_ENV; a test keeps the two names equal). Read here, not
+# (course/runtime.py, GRADING_ENV; a test keeps the two names equal). Read here, not
 # imported, so that these commands do not load torch.
 GRADING_ENV = {"COURSE_GRADING": "1"}
 

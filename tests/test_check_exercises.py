@@ -454,7 +454,7 @@ def test_gpu_a_kernel_at_the_copy_ceiling_ties_torch_compile():
 def test_under_the_autograder_a_bandwidth_check_without_gpu_fails(monkeypatch):
     # A learner's notebook skips the bandwidth cell on a laptop; the same cell graded
     # without a GPU must not hand out the points.
-    from course.check.bandwidth import GRADING_ENV
+    from course.runtime import GRADING_ENV
 
     monkeypatch.setenv(GRADING_ENV, "1")
     with pytest.raises(NeedsGPU, match="needs a GPU"):

@@ -228,7 +228,7 @@ def test_the_cells_that_measure_speed_are_the_ones_expected_to_need_a_gpu():
 
 
 def test_the_grader_sets_the_variable_the_checkers_read():
-    from course.check.bandwidth import GRADING_ENV
+    from course.runtime import GRADING_ENV
 
     spec = importlib.util.spec_from_file_location("instructor_names",
                                                   ROOT / "grader" / "instructor.py")

@@ -63,9 +63,6 @@ def needs_gpu_message(label: str) -> str:
             "with a CUDA GPU (for example Colab with a GPU runtime).")
 
 
-GRADING_ENV = runtime.GRADING_ENV
-
-
 def resolve_on_cpu(on_cpu: str) -> str:
     """What a check without a GPU does: the notebook's choice, except under the autograder
     (COURSE_GRADING=1, set by `make autograde`), where it always fails. A learner reading on
