@@ -401,16 +401,17 @@ class TrafficCalculator(CourseWidget):
         spec = self.spec
         ns = list(self.n_slider.options)
         ax = self.plot.new_axes()
-        at_ideal = all(self.model(M, n).bytes == self.ideal(M, n) for n in ns)
+        models = [self.model(M, n) for n in ns]
+        at_ideal = all(m.bytes == self.ideal(M, n) for m, n in zip(models, ns, strict=True))
         # A variant that moves the ideal bytes would hide the ideal line under its own.
-        ax.plot(ns, [1e6 * self.model(M, n).predicted_time(spec.hbm_bytes_per_s) for n in ns],
+        ax.plot(ns, [1e6 * m.predicted_time(spec.hbm_bytes_per_s) for m in models],
                 label=f"this variant{' (= ideal single pass)' if at_ideal else ''}, "
                       f"{spec.name} peak")
         if not at_ideal:
             ax.plot(ns, [1e6 * self.ideal(M, n) / spec.hbm_bytes_per_s for n in ns], "--",
                     color="grey", label="ideal single pass, peak")
         if self.rates is not None:
-            ax.plot(ns, [1e6 * self.rates.predicted_time(self.model(M, n)) for n in ns], ":",
+            ax.plot(ns, [1e6 * self.rates.predicted_time(m) for m in models], ":",
                     label="this variant, this GPU (measured rates)")
         ax.plot([N], [1e6 * self.predicted_at_peak_s], "o", color="tab:red",
                 label=f"N = {N}")
