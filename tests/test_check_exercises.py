@@ -205,14 +205,6 @@ def test_two_pass_with_two_launches_is_told_it_is_one_launch():
     assert "This exercise is one launch" in report.message()
 
 
-@no_gpu
-def test_two_pass_bandwidth_report_needs_a_gpu(capsys):
-    with pytest.raises(NeedsGPU, match="needs a GPU"):
-        check.rmsnorm_two_pass_bandwidth(two_pass_variants.correct, on_cpu="fail")
-    assert check.rmsnorm_two_pass_bandwidth(two_pass_variants.correct) is None
-    assert "needs a GPU" in capsys.readouterr().out
-
-
 @pytest.mark.gpu
 def test_gpu_two_pass_bandwidth_reports_fraction_and_model_ratio_without_failing():
     slow = check.rmsnorm_two_pass_bandwidth(rmsnorm_variants.two_pass_slow, quiet=True)
@@ -232,12 +224,6 @@ def test_fused_add_rmsnorm_passes_every_case():
 def test_broken_add_rmsnorm_fails_with_its_own_message(name):
     fn = add_rmsnorm_variants.BROKEN[name][0]
     _fails_with_own_message(check.add_rmsnorm, fn, name, add_rmsnorm_variants.BROKEN)
-
-
-@no_gpu
-def test_add_rmsnorm_bandwidth_needs_a_gpu():
-    with pytest.raises(NeedsGPU, match="needs a GPU"):
-        check.add_rmsnorm_bandwidth(add_rmsnorm_variants.correct, on_cpu="fail")
 
 
 @pytest.mark.gpu
@@ -283,12 +269,6 @@ def test_large_mean_tolerance_admits_float32_rounding_of_the_mean_and_nothing_li
     assert float(atol.min()) > 1e-3
     # A one-pass variance is off by ~ulp(1e8) / variance: tens of units, far outside it.
     assert float(atol.max()) < 0.05
-
-
-@no_gpu
-def test_layernorm_bandwidth_needs_a_gpu():
-    with pytest.raises(NeedsGPU, match="needs a GPU"):
-        check.layernorm_forward_bandwidth(layernorm_variants.correct, on_cpu="fail")
 
 
 @pytest.mark.gpu
@@ -382,12 +362,6 @@ def test_autograd_checker_wants_the_class():
         check.rmsnorm_autograd(backward_variants.correct)
 
 
-@no_gpu
-def test_backward_bandwidth_needs_a_gpu():
-    with pytest.raises(NeedsGPU, match="needs a GPU"):
-        check.rmsnorm_backward_bandwidth(backward_variants.correct, on_cpu="fail")
-
-
 @pytest.mark.gpu
 def test_gpu_backward_bandwidth_reports_a_fraction_of_copy():
     result = check.rmsnorm_backward_bandwidth(backward_variants.correct, target=0.5)
@@ -395,14 +369,6 @@ def test_gpu_backward_bandwidth_reports_a_fraction_of_copy():
 
 
 # --------------------------------------------------------------------------- chapter 08
-
-@no_gpu
-def test_beats_torch_compile_needs_a_gpu(capsys):
-    with pytest.raises(NeedsGPU, match="needs a GPU"):
-        check.beats_torch_compile(rmsnorm_variants.correct, on_cpu="fail")
-    assert check.beats_torch_compile(rmsnorm_variants.correct) is None
-    assert "needs a GPU" in capsys.readouterr().out
-
 
 def test_beats_torch_compile_refuses_bad_arguments():
     with pytest.raises(ValueError, match="on_cpu"):
@@ -448,6 +414,27 @@ def test_gpu_a_kernel_at_the_copy_ceiling_ties_torch_compile():
     (row,) = result.rows
     assert row.shape == (32768, 4096) and row.passed
     assert row.yours.fraction_of_copy > 0.8  # GPU-bound: no launch overhead compared
+
+
+# Each chapter's speed check, with a correct answer: without a GPU it fails when asked to
+# (on_cpu="fail"), and by default skips, saying why.
+SPEED_CHECKS = {
+    "two-pass report": (check.rmsnorm_two_pass_bandwidth, two_pass_variants.correct),
+    "add + RMSNorm": (check.add_rmsnorm_bandwidth, add_rmsnorm_variants.correct),
+    "LayerNorm": (check.layernorm_forward_bandwidth, layernorm_variants.correct),
+    "backward": (check.rmsnorm_backward_bandwidth, backward_variants.correct),
+    "against torch.compile": (check.beats_torch_compile, rmsnorm_variants.correct),
+}
+
+
+@no_gpu
+@pytest.mark.parametrize("name", sorted(SPEED_CHECKS))
+def test_speed_checks_need_a_gpu(name, capsys):
+    checker, correct = SPEED_CHECKS[name]
+    with pytest.raises(NeedsGPU, match="needs a GPU"):
+        checker(correct, on_cpu="fail")
+    assert checker(correct) is None
+    assert "needs a GPU" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(runtime.on_gpu(), reason="tests what happens without a GPU")
