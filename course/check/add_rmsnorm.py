@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, check_bandwidth, verify_outputs
-from course.check.cases import Case
+from course.check.cases import Case, row_shape_cases
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise, Inputs, Suspect, Tensors
@@ -24,12 +24,7 @@ f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 
 def _cases() -> tuple[Case, ...]:
     cases = [
-        Case("power-of-two N", (8, 128), f32, frozenset({"pow2"})),
-        Case("odd N", (7, 100), f32, frozenset({"odd_n"})),
-        Case("N = 1", (5, 1), f32, frozenset({"edge"})),
-        Case("M = 1", (1, 257), f32, frozenset({"edge", "odd_n"})),
-        Case("wide rows", (3, 3000), f32, frozenset({"wide", "odd_n"})),
-        Case("strided rows", (6, 128), f32, frozenset({"strided"}), row_padding=40),
+        *row_shape_cases(),
         # x contiguous, the residual's rows padded: each input needs its own row stride.
         Case("residual laid out unlike x", (6, 128), f32, frozenset({"own_strides", "pow2"})),
         Case("3-D input", (2, 3, 64), f32, frozenset({"nd", "pow2"})),

@@ -85,3 +85,17 @@ class Case:
             values.reshape(-1, self.n)[list(self.zero_rows)] = 0.0
         padding = self.row_padding if row_padding is None else row_padding
         return guarded(values.to(self.dtype).to(runtime.DEVICE), row_padding=padding)
+
+
+def row_shape_cases(eps: float = 1e-6) -> list[Case]:
+    """The float32 shapes every row-wise forward exercise must handle, first in its list: a
+    power of two, odd N, N = 1, M = 1, rows wider than one block, padded rows."""
+    f32 = torch.float32
+    return [
+        Case("power-of-two N", (8, 128), f32, frozenset({"pow2"}), eps=eps),
+        Case("odd N", (7, 100), f32, frozenset({"odd_n"}), eps=eps),
+        Case("N = 1", (5, 1), f32, frozenset({"edge"}), eps=eps),
+        Case("M = 1", (1, 257), f32, frozenset({"edge", "odd_n"}), eps=eps),
+        Case("wide rows", (3, 3000), f32, frozenset({"wide", "odd_n"}), eps=eps),
+        Case("strided rows", (6, 128), f32, frozenset({"strided"}), row_padding=40, eps=eps),
+    ]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, check_bandwidth, verify_outputs
-from course.check.cases import Case
+from course.check.cases import Case, row_shape_cases
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise, Inputs, Suspect, Tensors
@@ -32,12 +32,7 @@ def _cases() -> tuple[Case, ...]:
         return Case(name, shape, dtype, frozenset(tags), eps=kw.pop("eps", EPS), **kw)
 
     cases = [
-        case("power-of-two N", (8, 128), f32, {"pow2"}),
-        case("odd N", (7, 100), f32, {"odd_n"}),
-        case("N = 1", (5, 1), f32, {"edge"}),
-        case("M = 1", (1, 257), f32, {"edge", "odd_n"}),
-        case("wide rows", (3, 3000), f32, {"wide", "odd_n"}),
-        case("strided rows", (6, 128), f32, {"strided"}, row_padding=40),
+        *row_shape_cases(EPS),
         case("3-D input", (2, 3, 64), f32, {"nd", "pow2"}),
         case("rows of zeros", (6, 64), f32, {"zeros", "pow2"}, zero_rows=(1, 4)),
         case("custom eps", (4, 64), f32, {"eps", "pow2"}, scale=0.05, eps=0.01),

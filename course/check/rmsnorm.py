@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, check_bandwidth
-from course.check.cases import Case
+from course.check.cases import Case, row_shape_cases
 from course.check.compare import compare
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
@@ -25,12 +25,7 @@ f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 
 def _cases() -> tuple[Case, ...]:
     cases = [
-        Case("power-of-two N", (8, 128), f32, frozenset({"pow2"})),
-        Case("odd N", (7, 100), f32, frozenset({"odd_n"})),
-        Case("N = 1", (5, 1), f32, frozenset({"edge"})),
-        Case("M = 1", (1, 257), f32, frozenset({"edge", "odd_n"})),
-        Case("wide rows", (3, 3000), f32, frozenset({"wide", "odd_n"})),
-        Case("strided rows", (6, 128), f32, frozenset({"strided"}), row_padding=40),
+        *row_shape_cases(),
         Case("3-D input", (2, 3, 64), f32, frozenset({"nd", "pow2"})),
         Case("rows of zeros", (6, 64), f32, frozenset({"zeros", "pow2"}), zero_rows=(1, 4)),
         Case("custom eps", (4, 64), f32, frozenset({"eps", "pow2"}), scale=0.05, eps=0.01),
