@@ -47,17 +47,28 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                         for k in (2, 4, 8):
                             out.append(ForwardPlan("rows", block_m, block_n, warps,
                                                    programs=k * sms, prefetch=True))
-    if N >= 32768:
-        for chunk in (4096, 8192, 16384):
+    if N >= 16384:  # rows too long for registers, or nearly
+        for block in (16384, 32768, 65536):
+            if block > 2 * block_n:
+                continue
+            for warps in (16, 32):
+                for out_block in (8192, 16384):
+                    out.append(ForwardPlan("loop", 1, min(block, block_n), warps,
+                                           programs=sms, out_block=min(out_block, block_n)))
+    if N >= 65536:
+        for chunk in (8192, 16384, 32768, 65536):
             split = next_power_of_2_split(N, chunk)
             if 2 <= split <= 64:
-                for warps in (4, 8, 16):
+                for warps in (8, 16, 32):
                     if 8 <= chunk / (32 * warps) <= 64:
-                        for k in (0, 1, 2, 4):
-                            groups = k * sms // split
-                            if k == 0 or groups >= 1:
-                                out.append(ForwardPlan("split", 1, chunk, warps, split=split,
-                                                       programs=groups))
+                        out.append(ForwardPlan("split", 1, chunk, warps, split=split,
+                                               out_block=8192))
+                        if warps == 16:  # two programs an SM
+                            out.append(ForwardPlan("split", 1, chunk, warps, split=split,
+                                                   out_block=8192, max_registers=64))
+                        if chunk <= 8192:
+                            out.append(ForwardPlan("split", 1, chunk, warps, split=split,
+                                                   reload=False))
     return out
 
 
@@ -77,13 +88,18 @@ def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
                         if k * sms <= M:
                             out.append(BackwardPlan("rows", block_m, block_n, warps, k * sms,
                                                     num_stages=stages))
-    if N >= 4096:
-        for chunk in (1024, 2048, 4096):
+    if 4096 <= block_n <= 16384:  # one row at a time, read again for dx
+        for warps in (16, 32):
+            out.append(BackwardPlan("rows", 1, block_n, warps, min(M, sms), reload=True))
+    if N >= 16384:
+        for chunk in (4096, 8192, 16384):
             split = next_power_of_2_split(N, chunk)
             if not 2 <= split <= 32:
                 continue
-            for warps in (4, 8):
-                for k in (1, 2, 4):
+            for warps in (4, 8, 16):
+                if not 8 <= chunk / (32 * warps) <= 64:
+                    continue
+                for k in (1, 2):
                     groups = max(1, k * sms // split)
                     out.append(BackwardPlan("split", 1, chunk, warps, groups, split=split))
     return out
@@ -109,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", default="rmsnorm_fwd,rmsnorm_bwd")
     parser.add_argument("--shapes", default="all")
+    parser.add_argument("--min-n", type=int, default=0, help="skip shapes with fewer columns")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     args = parser.parse_args()
     copy = hardware.copy_bandwidth()
@@ -119,13 +136,16 @@ def main() -> None:
         tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     for op in args.ops.split(","):
         for M, N in shapes:
-            if op.endswith("_bwd") and N > 65536:
+            if (op.endswith("_bwd") and N > 65536) or N < args.min_n:
                 continue
             nbytes = shootout.ideal_bytes(op, M, N, torch.bfloat16)
             sets = [shootout.make_inputs(op, M, N, torch.bfloat16, seed=s)
                     for s in range(bench.copies_needed(nbytes))]
-            default = (launch.forward_plan(M, N, sets[0]["x"].device) if op.endswith("fwd")
-                       else launch.backward_plan(M, N, sets[0]["x"].device))
+            device = sets[0]["x"].device
+            default = (launch.forward_plan(M, N, device, residual=op == "add_rmsnorm_fwd",
+                                           layernorm=op == "layernorm_fwd")
+                       if op.endswith("fwd") else
+                       launch.backward_plan(M, N, device, layernorm=op.startswith("layernorm")))
             cands = (forward_candidates(N, sms) if op.endswith("fwd")
                      else backward_candidates(M, N, sms))
             timed = []

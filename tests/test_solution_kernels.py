@@ -23,8 +23,12 @@ from solutions.kernels.sibling_sync import next_power_of_2_split
 DEV = runtime.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SMALL = [(4, 64), (7, 100), (5, 1), (1, 257), (3, 3000), (33, 48)]
-LOOP_FWD = ForwardPlan("loop", 1, 1024, 4)
+# Three programs walk over the rows; pass 2 reads the row in blocks of another size, so its
+# threads read values other threads stored (the fused add's residual).
+LOOP_FWD = ForwardPlan("loop", 1, 1024, 4, programs=3, out_block=256)
+WHOLE_ROW_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, programs=2, out_block=2048)
 LOOP_BWD = BackwardPlan("loop", 1, 1024, 4, programs=3)
+RELOAD_BWD = BackwardPlan("rows", 1, 512, 4, programs=3, reload=True)
 
 
 def _x(shape, dtype, seed=0, mean=0.0):
@@ -80,30 +84,31 @@ def test_layernorm_survives_a_mean_ten_thousand_times_the_spread():
     assert err < 5e-3, err
 
 
-def test_the_loop_paths_match_reference_on_long_rows():
+@pytest.mark.parametrize("plan", [LOOP_FWD, WHOLE_ROW_LOOP_FWD], ids=["blocks", "whole-row"])
+def test_the_loop_paths_match_reference_on_long_rows(plan):
     x, r, w = _x((3, 5000), torch.float32, mean=20.0), _x((3, 5000), torch.float32), _w(
         5000, torch.float32)
     b = _x(5000, torch.float32, seed=4)
-    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, LOOP_FWD)
+    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, plan)
     _assert_close("y", y, reference.rmsnorm(x, w), torch.float32)
     _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
-    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, LOOP_FWD)
+    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, plan)
     want_y, want_res = reference.add_rmsnorm(x, r, w)
     _assert_close("y", y, want_y, torch.float32)
     _assert_close("residual", res, want_res, torch.float32)
-    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, LOOP_FWD)
+    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
     _assert_close("y", y, reference.layernorm(x, w, b), torch.float32)
     want_mean, want_rstd = reference.layernorm_stats(x)
     _assert_close("mean", mean, want_mean, torch.float32)
     _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
-@pytest.mark.parametrize("path", ["rows", "loop"])
+@pytest.mark.parametrize("path", ["rows", "loop", "reload"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rmsnorm_backward_matches_reference(dtype, path):
     x, dy, w = _x((37, 300), dtype), _x((37, 300), dtype, seed=7), _w(300, dtype)
     rstd = reference.rmsnorm_rstd(x).float()
-    plan = LOOP_BWD if path == "loop" else None
+    plan = {"loop": LOOP_BWD, "reload": RELOAD_BWD}.get(path)
     dx, dw = rmsnorm_backward(x, w, rstd, dy, plan)
     want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
     _assert_close("dx", dx, want_dx, dtype)
@@ -222,6 +227,21 @@ def test_bad_inputs_are_named(bad, match):
         bad()
 
 
+def test_long_row_layernorm_keeps_its_precision_when_the_head_is_off_the_mean():
+    # The loop path sums about the mean of the row's first 256 values. Make those values
+    # as far from the row's mean as they can be (1e4 higher than the rest, all on top of a
+    # mean of 1e4): the variance must still come out to float32 accuracy.
+    n = 5000
+    x = _x((2, n), torch.float32, mean=1e4)
+    x[:, :256] += 1e4
+    w, b = _w(n, torch.float32), _x(n, torch.float32, seed=4)
+    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, WHOLE_ROW_LOOP_FWD)
+    want_mean, want_rstd = reference.layernorm_stats(x)
+    assert ((rstd.double() - want_rstd) / want_rstd).abs().max().item() < 1e-5
+    assert ((mean.double() - want_mean) / want_mean).abs().max().item() < 1e-6
+    _assert_close("y", y, reference.layernorm(x, w, b), torch.float32)
+
+
 # ------------------------------------------------------------------ GPU: the full shapes
 
 @pytest.mark.gpu
@@ -261,12 +281,13 @@ def test_gpu_backwards_at_benchmark_shapes(shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("split", [2, 4, 16])
-def test_gpu_split_path_with_odd_n(dtype, split):
+@pytest.mark.parametrize("reload", [True, False], ids=["reload", "keep"])
+def test_gpu_split_path_with_odd_n(dtype, split, reload):
     n = 8191 * split // 2 + 3
     x, w, b = _x((67, n), dtype, mean=50.0), _w(n, dtype), _x(n, dtype, seed=3)
     block = 1 << (-(-n // split) - 1).bit_length()
-    # 10 row groups: each group of programs walks through about 7 rows
-    plan = ForwardPlan("split", 1, block, 8, split=next_power_of_2_split(n, block), programs=10)
+    plan = ForwardPlan("split", 1, block, 8, split=next_power_of_2_split(n, block),
+                       out_block=block // 4, reload=reload)
     y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, plan)
     _assert_close("y", y, reference.rmsnorm(x, w), dtype)
     _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)

@@ -5,11 +5,16 @@ in docs/benchmarks.md). Three forward paths:
 
 - rows:  each program holds BLOCK_M whole rows in registers (BLOCK_M > 1 when rows are
          short, so a program still moves enough bytes to hide memory latency);
-- split: a row too long for one program's registers is split over SPLIT programs that
-         exchange their partial sums through global memory (GPU only: the interpreter runs
-         programs one after another, so a program waiting for its siblings would wait forever);
-- loop:  one program per row, looping over column blocks twice; the second read of the row
-         mostly hits L2. The interpreter's path for long rows, and the backward's.
+- loop:  rows too long for registers, one program per SM walking over rows. Pass 1 loads
+         up to BLOCK_N columns at once (a whole row of 65536 16-bit values: 128 KB in
+         flight per SM) and only sums their squares, so nothing is kept; pass 2 reads the
+         row again, from L1 or L2, which pass 1 asked to keep it (`evict_last`). With one
+         row in flight per SM, the rows being worked on (132 x 128 KB) fit in L2;
+- split: rows longer still, where one row per SM no longer fits L2: SPLIT programs on
+         different SMs share a row, each loading its BLOCK_N columns at once, and exchange
+         their partial sums through global memory before reading their columns again (GPU
+         only: the interpreter runs programs one after another, so a program waiting for
+         its siblings would wait forever; there the loop path runs instead).
 """
 
 from __future__ import annotations
@@ -27,34 +32,59 @@ from solutions.kernels.sibling_sync import next_power_of_2_split
 
 # Columns one forward program keeps in float32 registers (32 warps at the top end).
 MAX_REGISTER_BLOCK = 32768
-# Columns per program when a forward row is split over several programs.
-SPLIT_BLOCK = 8192
+# Loop path: columns pass 1 loads at once (16-bit; float32 loads half as many), columns
+# pass 2 handles at a time, and warps (32: the most registers to hold loads in flight).
+LOOP_BLOCK = 65536
+LOOP_OUT_BLOCK = 8192
+LOOP_WARPS = 32
+# Split path: columns per program, loaded at once, then read again OUT_BLOCK at a time, by
+# 16 warps. RMSNorm's programs are held to 64 registers a thread, so that two fit on an SM
+# and one's wait for its siblings overlaps the other's loads; LayerNorm's need more.
+SPLIT_BLOCK = 16384
+SPLIT_OUT_BLOCK = 8192
+SPLIT_WARPS = 16
+SPLIT_MAX_REGISTERS = 64
+# Fused add + RMSNorm keeps its split rows in registers (the residual it reads again would
+# be the one it has just written): smaller blocks that fit.
+RESIDUAL_SPLIT_BLOCK = 8192
 # The backward holds x, dy and the dW sums in registers: half the forward's budget.
 BACKWARD_REGISTER_BLOCK = 16384
-BACKWARD_SPLIT_BLOCK = 4096
+BACKWARD_SPLIT_BLOCK = 8192
 
 
 @dataclass(frozen=True)
 class ForwardPlan:
-    path: str           # "rows", "split" or "loop"
+    path: str           # "rows", "loop" or "split"
     block_m: int        # rows per tile (rows path)
-    block_n: int        # columns per block
+    block_n: int        # columns per block (loop: pass 1's loads; split: per program)
     num_warps: int
     split: int = 1      # programs per row (split path)
-    programs: int = 0   # rows path: programs walking over the tiles (0: one per tile);
-                        # split path: row groups (0: one per row)
+    programs: int = 0   # rows and loop paths: programs walking over the rows or tiles
+                        # (0: one per tile, or one per row)
     prefetch: bool = False  # rows path: load the next tile before computing this one
+    out_block: int = 0  # loop and split paths: columns per block when the row is read
+                        # again (0: block_n)
+    reload: bool = True  # split path: read the columns again after the exchange (False:
+                         # keep them in registers)
+    max_registers: int = 0  # per thread, passed to the compiler as maxnreg (0: its choice)
 
     def grid(self, M: int, N: int) -> tuple[int]:
         if self.path == "rows":
             tiles = math.ceil(M / self.block_m)
             return (min(tiles, self.programs) if self.programs else tiles,)
         if self.path == "split":
-            return (math.ceil(M / self.rows_per_group(M)) * self.split,)
-        return (M,)
+            return (M * self.split,)
+        return (min(M, self.programs) if self.programs else M,)
 
-    def rows_per_group(self, M: int) -> int:
-        return math.ceil(M / self.programs) if self.programs else 1
+    @property
+    def second_block(self) -> int:
+        return self.out_block or self.block_n
+
+    def launch_options(self) -> dict:
+        options = {"num_warps": self.num_warps}
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
+        return options
 
 
 @dataclass(frozen=True)
@@ -67,6 +97,7 @@ class BackwardPlan:
                         # one float32 row of dW partial sums
     split: int = 1      # programs per row group (split path)
     num_stages: int = 1
+    reload: bool = False  # rows path: read x and dy again for dx instead of keeping them
 
     def rows_per_program(self, M: int) -> int:
         return math.ceil(M / self.programs)
@@ -100,23 +131,38 @@ PERSISTENT_PER_SM = 8
 
 
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
-                 residual: bool = False) -> ForwardPlan:
+                 residual: bool = False, layernorm: bool = False) -> ForwardPlan:
     """`element_size` is x's in bytes; `residual` says the residual is added too. Rows of
     32768 fit one program's registers only when they arrive as 16-bit values and alone:
-    float32 rows, or a second input, spill there, and take the split path instead."""
+    float32 rows, or a second input, spill there, and take a longer-row path instead.
+    LayerNorm's loop path measured slower than its split path from 65536 columns on."""
     block_n = next_power_of_2(N)
+    sms = _multiprocessors(device)
     register_limit = MAX_REGISTER_BLOCK if element_size <= 2 and not residual else 16384
     if block_n <= 256:
         block_m = max(1, min(16, 2048 // block_n, next_power_of_2(M)))
-        programs = PERSISTENT_PER_SM * _multiprocessors(device)
+        programs = PERSISTENT_PER_SM * sms
         return ForwardPlan("rows", block_m, block_n, 4, programs=programs, prefetch=True)
     if block_n <= register_limit:
         block_m, warps = ROWS_PATH[block_n]
         return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps)
-    if device.type == "cuda":
-        split = next_power_of_2_split(N, SPLIT_BLOCK)
-        return ForwardPlan("split", 1, SPLIT_BLOCK, 8, split=split)
-    return ForwardPlan("loop", 1, 4096, 8)
+    on_gpu = device.type == "cuda"
+    if residual:
+        if on_gpu:
+            split = next_power_of_2_split(N, RESIDUAL_SPLIT_BLOCK)
+            return ForwardPlan("split", 1, RESIDUAL_SPLIT_BLOCK, 8, split=split, reload=False)
+        return ForwardPlan("loop", 1, 4096, 8, programs=sms)
+    # 128 KB of loads in flight per SM: 65536 16-bit values or 32768 float32 ones
+    loop_block = LOOP_BLOCK * 2 // max(2, element_size)
+    if layernorm:
+        loop_block = min(loop_block, MAX_REGISTER_BLOCK)
+    if block_n <= loop_block or not on_gpu:
+        return ForwardPlan("loop", 1, min(block_n, loop_block), LOOP_WARPS, programs=sms,
+                           out_block=min(block_n, LOOP_OUT_BLOCK))
+    split = next_power_of_2_split(N, SPLIT_BLOCK)
+    return ForwardPlan("split", 1, SPLIT_BLOCK, SPLIT_WARPS, split=split,
+                       out_block=SPLIT_OUT_BLOCK,
+                       max_registers=0 if layernorm else SPLIT_MAX_REGISTERS)
 
 
 def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = False
@@ -124,10 +170,17 @@ def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = Fal
     """The split size (programs P) trades parallelism against the P*N*4 bytes of partial
     sums written and read again: enough programs to fill the GPU once or twice, no more.
     LayerNorm's backward carries two more float32 sums per column, so it leaves the
-    registers-only path earlier and prefers fewer warps at N = 8192."""
+    registers-only path earlier and prefers fewer warps at N = 8192.
+
+    RMSNorm at N = 16384: one program per SM of 16 warps loads a whole row of x and dy at
+    once, sums, and reads them again for dx (`reload`), so only the dW sums stay in
+    registers. Longer rows are split: SPLIT programs share a row, and each publishes row
+    i's partial sum before finishing row i - 1, so the exchange's wait overlaps loads."""
     sms = _multiprocessors(device)
     block_n = next_power_of_2(N)
     register_limit = BACKWARD_REGISTER_BLOCK // (2 if layernorm else 1)
+    if not layernorm and block_n == BACKWARD_REGISTER_BLOCK:
+        return BackwardPlan("rows", 1, block_n, 16, min(M, sms), reload=True)
     if block_n <= register_limit:  # x, dy and the dW sums all live in registers
         block_m = max(1, min(16, 4096 // block_n))
         warps = 16 if block_n >= 4096 else 8
@@ -136,8 +189,11 @@ def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = Fal
         programs = min(M, (2 if N <= 4096 else 1) * sms)
         return BackwardPlan("rows", block_m, block_n, warps, programs)
     if device.type == "cuda":
+        if layernorm:
+            split = next_power_of_2_split(N, 4096)
+            groups = max(1, min(M, 2 * sms // split))  # two programs per SM
+            return BackwardPlan("split", 1, 4096, 4, groups, split=split)
         split = next_power_of_2_split(N, BACKWARD_SPLIT_BLOCK)
-        warps = 4 if layernorm else 8
         groups = max(1, min(M, 2 * sms // split))  # two programs per SM
-        return BackwardPlan("split", 1, BACKWARD_SPLIT_BLOCK, warps, groups, split=split)
+        return BackwardPlan("split", 1, BACKWARD_SPLIT_BLOCK, 8, groups, split=split)
     return BackwardPlan("loop", 1, 4096, 8, min(M, sms))

@@ -4,8 +4,12 @@
 
 The variance is never computed as E[x^2] - E[x]^2: for rows whose mean is large next to their
 spread that difference cancels catastrophically in float32. With the row in registers the
-kernel subtracts the mean first (two passes over registers, one over memory); a row split
-over programs or blocks combines per-block (count, mean, M2) with Chan's parallel formula.
+kernel subtracts the mean first (two passes over registers, one over memory). Rows too long
+for registers are summed in one pass that keeps nothing, so they are summed about a shift K,
+the mean of the row's first HEAD values: var = E[(x-K)^2] - E[x-K]^2. That subtraction loses
+about log2(1 + (mean-K)^2/var) bits, and since those HEAD values are part of the row,
+(mean-K)^2 <= (N/HEAD) * var: at most 10 of float32's 24 bits at N = 262144, however
+large the mean.
 
 Backward (per row, x_hat = (x - mean) * rstd, g = dy * w):
 
@@ -90,88 +94,103 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                  mask=mask)
 
 
+# Values whose mean is the shift long rows are summed about (see the module docstring).
+HEAD = 256
+
+
+@triton.jit
+def _row_shift(x_row_ptr, N, HEAD: tl.constexpr):
+    head = tl.arange(0, HEAD)
+    values = tl.load(x_row_ptr + head, mask=head < N, other=0.0).to(tl.float32)
+    return tl.sum(values, axis=0) / tl.minimum(N, HEAD)
+
+
+@triton.jit
+def _shifted_sums(x_ptr, cols, mask, shift):
+    """sum(x - shift) and sum((x - shift)^2) over a block, loaded to be read again."""
+    x = tl.load(x_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+    d = tl.where(mask, x.to(tl.float32) - shift, 0.0)
+    return tl.sum(d, axis=0), tl.sum(d * d, axis=0)
+
+
+@triton.jit
+def _stats_from_shifted(sum_d, sum_d2, shift, N, eps):
+    mean_d = sum_d / N
+    var = tl.maximum(sum_d2 / N - mean_d * mean_d, 0.0)
+    return shift + mean_d, tl.rsqrt(var + eps)
+
+
+@triton.jit
+def _normalise_again(x_row_ptr, w_ptr, b_ptr, y_row_ptr, cols, mask, mean, rstd,
+                     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Pass 2 of the loop and split paths: read a block again (from L1 or L2, for the last
+    time) and store it normalised."""
+    x = tl.load(x_row_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+    y = _affine((x.to(tl.float32) - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT,
+                HAS_BIAS)
+    tl.store(y_row_ptr + cols, y.to(y_row_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.jit
 def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                                partial_ptr, arrived_ptr, M, N, stride_x_row, stride_y_row, eps,
-                               rows_per_group,
                                HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                               STORE_STATS: tl.constexpr,
-                               SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
-    # As rmsnorm_fwd_split_kernel: a group of SPLIT programs walks through its rows, the
-    # next row prefetched before each exchange. Each program publishes its block's sum and
-    # M2 (squares about the block's own mean), combined with Chan's formula.
+                               STORE_STATS: tl.constexpr, HEAD: tl.constexpr,
+                               SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                               OUT_BLOCK: tl.constexpr):
+    # As rmsnorm_fwd_split_kernel: program p owns BLOCK_N columns of row p // SPLIT. Every
+    # program of a row computes the same shift, publishes its two shifted sums, and reads
+    # its columns again once the row's sums are in.
     pid = tl.program_id(0)
-    group = pid // SPLIT
+    row = (pid // SPLIT).to(tl.int64)
     part = pid % SPLIT
+    x_row = x_ptr + row * stride_x_row
+    shift = _row_shift(x_row, N, HEAD)
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < N
-    parts = tl.arange(0, SPLIT)
-    # SPLIT is a power of two: the last programs of a row may own no columns at all
-    count = tl.maximum(tl.minimum(N - part * BLOCK_N, BLOCK_N), 0).to(tl.float32)
-    counts = tl.maximum(tl.minimum(N - parts * BLOCK_N, BLOCK_N), 0).to(tl.float32)
-    first = group.to(tl.int64) * rows_per_group
-    last = tl.minimum(first + rows_per_group, M)
-    x_next = tl.load(x_ptr + first * stride_x_row + cols, mask=mask & (first < last), other=0.0)
-    for row in range(first, last):
-        x = x_next.to(tl.float32)
-        block_sum = tl.sum(x, axis=0)
-        xc = tl.where(mask, x - block_sum / tl.maximum(count, 1.0), 0.0)
-        slots = partial_ptr + row * (2 * SPLIT)
-        publish(slots + part, block_sum)
-        publish(slots + SPLIT + part, tl.sum(xc * xc, axis=0))
-        ahead = row + 1
-        x_next = tl.load(x_ptr + ahead * stride_x_row + cols, mask=mask & (ahead < last),
-                         other=0.0)
-        arrive_and_wait(arrived_ptr + row, SPLIT)
-        sums = read_partials(slots, SPLIT)
-        m2s = read_partials(slots + SPLIT, SPLIT)
-        mean = tl.sum(sums, axis=0) / N
-        # Chan et al.: M2 of the union = sum of block M2s + n_i * (mean_i - mean)^2
-        shift = tl.where(counts > 0, sums / tl.maximum(counts, 1.0) - mean, 0.0)
-        var = (tl.sum(m2s, axis=0) + tl.sum(counts * shift * shift, axis=0)) / N
-        rstd = tl.rsqrt(var + eps)
-        if STORE_STATS:
-            if part == 0:
-                tl.store(mean_ptr + row, mean)
-                tl.store(rstd_ptr + row, rstd)
-        y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)
-        tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    sum_d, sum_d2 = _shifted_sums(x_row, cols, cols < N, shift)
+    slots = partial_ptr + row * (2 * SPLIT)
+    publish(slots + part, sum_d)
+    publish(slots + SPLIT + part, sum_d2)
+    arrive_and_wait(arrived_ptr + row, SPLIT)
+    mean, rstd = _stats_from_shifted(tl.sum(read_partials(slots, SPLIT), axis=0),
+                                     tl.sum(read_partials(slots + SPLIT, SPLIT), axis=0),
+                                     shift, N, eps)
+    if STORE_STATS:
+        if part == 0:
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
+    for start in range(0, BLOCK_N, OUT_BLOCK):
+        out_cols = part * BLOCK_N + start + tl.arange(0, OUT_BLOCK)
+        _normalise_again(x_row, w_ptr, b_ptr, y_ptr + row * stride_y_row, out_cols,
+                         out_cols < N, mean, rstd, HAS_WEIGHT, HAS_BIAS)
 
 
 @triton.jit
 def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               M, N, stride_x_row, stride_y_row, eps,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                              STORE_STATS: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0)
-    x_row = x_ptr + row.to(tl.int64) * stride_x_row
-    # running (count, mean, M2), merged block by block with Chan's formula
-    n_seen = 0.0
-    mean = 0.0
-    m2 = 0.0
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < N
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        n_block = tl.minimum(N - start, BLOCK_N).to(tl.float32)
-        block_mean = tl.sum(x, axis=0) / n_block
-        xc = tl.where(mask, x - block_mean, 0.0)
-        n_total = n_seen + n_block
-        delta = block_mean - mean
-        mean = mean + delta * n_block / n_total
-        m2 = m2 + tl.sum(xc * xc, axis=0) + delta * delta * n_seen * n_block / n_total
-        n_seen = n_total
-    rstd = tl.rsqrt(m2 / N + eps)
-    if STORE_STATS:
-        tl.store(mean_ptr + row, mean)
-        tl.store(rstd_ptr + row, rstd)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < N
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)
-        tl.store(y_ptr + row.to(tl.int64) * stride_y_row + cols,
-                 y.to(y_ptr.dtype.element_ty), mask=mask)
+                              STORE_STATS: tl.constexpr, HEAD: tl.constexpr,
+                              BLOCK_N: tl.constexpr, OUT_BLOCK: tl.constexpr):
+    # As rmsnorm_fwd_loop_kernel: programs walk over rows; pass 1 sums about the row's
+    # shift, BLOCK_N columns at once, keeping nothing; pass 2 reads the row again.
+    for row in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
+        x_row = x_ptr + row * stride_x_row
+        shift = _row_shift(x_row, N, HEAD)
+        sum_d = 0.0
+        sum_d2 = 0.0
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            block_d, block_d2 = _shifted_sums(x_row, cols, cols < N, shift)
+            sum_d += block_d
+            sum_d2 += block_d2
+        mean, rstd = _stats_from_shifted(sum_d, sum_d2, shift, N, eps)
+        if STORE_STATS:
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
+        for start in range(0, N, OUT_BLOCK):
+            cols = start + tl.arange(0, OUT_BLOCK)
+            _normalise_again(x_row, w_ptr, b_ptr, y_ptr + row * stride_y_row,
+                             cols, cols < N, mean, rstd, HAS_WEIGHT, HAS_BIAS)
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -186,7 +205,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     stats = (torch.empty((2, M), dtype=torch.float32, device=x.device) if store_stats
              else None)
     if M > 0:
-        plan = plan or forward_plan(M, N, x.device, element_size=x.element_size())
+        plan = plan or forward_plan(M, N, x.device, element_size=x.element_size(),
+                                    layernorm=True)
         mean_arg = stats[0] if stats is not None else y
         rstd_arg = stats[1] if stats is not None else y
         args = (x2, weight if weight is not None else y, bias if bias is not None else y, y,
@@ -204,13 +224,15 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             partials = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
             arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
             layernorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, x2.stride(0),
-                                             y.stride(0), eps, plan.rows_per_group(M),
-                                             **flags, SPLIT=plan.split,
-                                             BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+                                             y.stride(0), eps, **flags, HEAD=HEAD,
+                                             SPLIT=plan.split, BLOCK_N=plan.block_n,
+                                             OUT_BLOCK=plan.second_block,
+                                             **plan.launch_options())
         else:
             layernorm_fwd_loop_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
-                                            **flags, BLOCK_N=plan.block_n,
-                                            num_warps=plan.num_warps)
+                                            **flags, HEAD=HEAD, BLOCK_N=plan.block_n,
+                                            OUT_BLOCK=plan.second_block,
+                                            **plan.launch_options())
     lead = x.shape[:-1]
     if stats is None:
         return y.view(x.shape), None, None

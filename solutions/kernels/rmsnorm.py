@@ -23,7 +23,13 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
-from solutions.kernels.sibling_sync import arrive_and_wait, publish, read_partials
+from solutions.kernels.sibling_sync import (
+    arrive,
+    arrive_and_wait,
+    publish,
+    read_partials,
+    wait_for_siblings,
+)
 from solutions.kernels.validation import (
     as_rows,
     check_eps,
@@ -116,51 +122,20 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
 
 
 @triton.jit
-def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
-                             partial_ptr, arrived_ptr,
-                             M, N, stride_x_row, stride_res_row, stride_y_row,
-                             stride_res_out_row, eps, rows_per_group,
-                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                             STORE_RSTD: tl.constexpr,
-                             SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
-    # A group of SPLIT programs walks through its rows together, each program keeping
-    # BLOCK_N columns of the row in registers; per row they exchange their sums of squares
-    # (sibling_sync.py says why this cannot deadlock). The next row's loads are issued
-    # before the wait, so the exchange's latency hides behind memory traffic.
-    pid = tl.program_id(0)
-    group = pid // SPLIT
-    part = pid % SPLIT
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < N
+def _load_for_reuse(ptr, mask):
+    """A load whose data pass 2 will read again: ask L1 and L2 to keep it."""
+    return tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_last")
+
+
+@triton.jit
+def _normalise_again(src_ptr, w_ptr, y_ptr, cols, mask, rstd, HAS_WEIGHT: tl.constexpr):
+    """Pass 2 of the loop and split paths: read a block of the row again (from L1 or L2,
+    and for the last time) and store its normalised values."""
+    x = tl.load(src_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+    y = x.to(tl.float32) * rstd
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    first = group.to(tl.int64) * rows_per_group  # the loop's row is then 64-bit too
-    last = tl.minimum(first + rows_per_group, M)
-    x_next = tl.load(x_ptr + first * stride_x_row + cols, mask=mask & (first < last), other=0.0)
-    res_next = x_next
-    if HAS_RESIDUAL:
-        res_next = tl.load(res_ptr + first * stride_res_row + cols, mask=mask & (first < last),
-                           other=0.0)
-    for row in range(first, last):
-        x = _add_residual(x_next, res_next, res_out_ptr, row * stride_res_out_row + cols, mask,
-                          HAS_RESIDUAL)
-        publish(partial_ptr + row * SPLIT + part, tl.sum(x * x, axis=0))
-        ahead = row + 1
-        x_next = tl.load(x_ptr + ahead * stride_x_row + cols, mask=mask & (ahead < last),
-                         other=0.0)
-        if HAS_RESIDUAL:
-            res_next = tl.load(res_ptr + ahead * stride_res_row + cols,
-                               mask=mask & (ahead < last), other=0.0)
-        arrive_and_wait(arrived_ptr + row, SPLIT)
-        rstd = tl.rsqrt(tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N
-                        + eps)
-        if STORE_RSTD:
-            if part == 0:
-                tl.store(rstd_ptr + row, rstd)
-        y = x * rstd
-        if HAS_WEIGHT:
-            y = y * w
-        tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -168,32 +143,81 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             M, N, stride_x_row, stride_res_row, stride_y_row,
                             stride_res_out_row, eps,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                            STORE_RSTD: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0)
-    r64 = row.to(tl.int64)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < N
-        x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
-                            r64 * stride_res_row + cols, r64 * stride_res_out_row + cols,
-                            mask, HAS_RESIDUAL)
-        acc += x * x
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
-    if STORE_RSTD:
-        tl.store(rstd_ptr + row, rstd)
-    # second pass: the row was read moments ago and is mostly still in L2
+                            STORE_RSTD: tl.constexpr, BLOCK_N: tl.constexpr,
+                            OUT_BLOCK: tl.constexpr):
+    # Programs walk over rows (one per SM on a GPU). Pass 1 loads BLOCK_N columns at once,
+    # the whole row when it fits, and keeps nothing but the sum of squares: the loads are
+    # all in flight together, which is what keeps HBM busy. Pass 2 reads the row again,
+    # mostly from L1 or L2, where pass 1 asked it to stay.
+    for r64 in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
+        sum_sq = 0.0
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x = _load_for_reuse(x_ptr + r64 * stride_x_row + cols, mask)
+            r = x
+            if HAS_RESIDUAL:
+                r = tl.load(res_ptr + r64 * stride_res_row + cols, mask=mask, other=0.0)
+            x = _add_residual(x, r, res_out_ptr, r64 * stride_res_out_row + cols, mask,
+                              HAS_RESIDUAL)
+            sum_sq += tl.sum(x * x, axis=0)
+        rstd = tl.rsqrt(sum_sq / N + eps)
+        if STORE_RSTD:
+            tl.store(rstd_ptr + r64, rstd)
+        if HAS_RESIDUAL:
+            src_ptr = res_out_ptr + r64 * stride_res_out_row
+            tl.debug_barrier()  # pass 2's threads read sums that other threads stored
+        else:
+            src_ptr = x_ptr + r64 * stride_x_row
+        for start in range(0, N, OUT_BLOCK):
+            cols = start + tl.arange(0, OUT_BLOCK)
+            _normalise_again(src_ptr, w_ptr, y_ptr + r64 * stride_y_row, cols, cols < N, rstd,
+                             HAS_WEIGHT)
+
+
+@triton.jit
+def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
+                             partial_ptr, arrived_ptr,
+                             M, N, stride_x_row, stride_res_row, stride_y_row,
+                             stride_res_out_row, eps,
+                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                             STORE_RSTD: tl.constexpr, RELOAD: tl.constexpr,
+                             SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                             OUT_BLOCK: tl.constexpr):
+    # Program p owns BLOCK_N columns of row p // SPLIT, loaded at once. The SPLIT programs of
+    # a row exchange their sums of squares (sibling_sync.py says why this cannot deadlock),
+    # then each reads its columns again (RELOAD) or normalises what it kept in registers.
+    pid = tl.program_id(0)
+    row = (pid // SPLIT).to(tl.int64)
+    part = pid % SPLIT
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = _load_for_reuse(x_ptr + row * stride_x_row + cols, mask)
+    r = x
     if HAS_RESIDUAL:
-        src_ptr = res_out_ptr + r64 * stride_res_out_row
+        r = tl.load(res_ptr + row * stride_res_row + cols, mask=mask, other=0.0)
+    x = _add_residual(x, r, res_out_ptr, row * stride_res_out_row + cols, mask, HAS_RESIDUAL)
+    publish(partial_ptr + row * SPLIT + part, tl.sum(x * x, axis=0))
+    arrive_and_wait(arrived_ptr + row, SPLIT)
+    rstd = tl.rsqrt(tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N + eps)
+    if STORE_RSTD:
+        if part == 0:
+            tl.store(rstd_ptr + row, rstd)
+    if RELOAD:
+        if HAS_RESIDUAL:
+            src_ptr = res_out_ptr + row * stride_res_out_row
+            tl.debug_barrier()  # the reads below cross threads' stores above
+        else:
+            src_ptr = x_ptr + row * stride_x_row
+        for start in range(0, BLOCK_N, OUT_BLOCK):
+            out_cols = part * BLOCK_N + start + tl.arange(0, OUT_BLOCK)
+            _normalise_again(src_ptr, w_ptr, y_ptr + row * stride_y_row, out_cols,
+                             out_cols < N, rstd, HAS_WEIGHT)
     else:
-        src_ptr = x_ptr + r64 * stride_x_row
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < N
-        y = tl.load(src_ptr + cols, mask=mask, other=0.0).to(tl.float32) * rstd
+        y = x * rstd
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + r64 * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
@@ -228,11 +252,13 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             partials = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
             arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
             rmsnorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, *strides, eps,
-                                           plan.rows_per_group(M), **flags, SPLIT=plan.split,
-                                           BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+                                           **flags, RELOAD=plan.reload, SPLIT=plan.split,
+                                           BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
+                                           **plan.launch_options())
         else:
             rmsnorm_fwd_loop_kernel[grid](*args, M, N, *strides, eps, **flags,
-                                          BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+                                          BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
+                                          **plan.launch_options())
     shape = x.shape
     return (y.view(shape), res_out.view(shape) if res_out is not None else None,
             rstd.view(shape[:-1]) if rstd is not None else None)
@@ -242,17 +268,25 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 
 
 @triton.jit
+def _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
+    if HAS_WEIGHT:
+        return tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    return tl.where(col_mask, 1.0, 0.0)
+
+
+@triton.jit
 def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
                             M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_program,
-                            HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr):
+                            HAS_WEIGHT: tl.constexpr, RELOAD: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # With RELOAD (long rows, one program per SM), x, dy and w are read again for dx rather
+    # than kept across the row's reduction: only the dW sums stay in registers, and the
+    # first loads of a row can all be in flight at once.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    else:
-        w = tl.where(col_mask, 1.0, 0.0)
+    if not RELOAD:
+        w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, M)
@@ -261,14 +295,28 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
         row_mask = rows < last
         mask = row_mask[:, None] & col_mask[None, :]
         r64 = rows.to(tl.int64)[:, None]
-        x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask,
-                     other=0.0).to(tl.float32)
+        x_at = x_ptr + r64 * stride_x_row + cols[None, :]
+        dy_at = dy_ptr + r64 * stride_dy_row + cols[None, :]
+        if RELOAD:
+            w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_last")
+            dy = tl.load(dy_at, mask=mask, other=0.0, eviction_policy="evict_last")
+        else:
+            x = tl.load(x_at, mask=mask, other=0.0)
+            dy = tl.load(dy_at, mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        dy = dy.to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x_hat = x * rstd[:, None]
         g = dy * w[None, :]
         c = tl.sum(x_hat * g, axis=1) / N
+        if RELOAD:
+            w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_first")
+            dy = tl.load(dy_at, mask=mask, other=0.0, eviction_policy="evict_first")
+            dy = dy.to(tl.float32)
+            x_hat = x.to(tl.float32) * rstd[:, None]
+            g = dy * w[None, :]
         dx = (g - x_hat * c[:, None]) * rstd[:, None]
         tl.store(dx_ptr + r64 * stride_dx_row + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
                  mask=mask)
@@ -322,47 +370,46 @@ def rmsnorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
 @triton.jit
 def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
                              partial_ptr, arrived_ptr,
-                             M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_group,
+                             M, N, stride_x_row, stride_dy_row, stride_dx_row,
                              HAS_WEIGHT: tl.constexpr, SPLIT: tl.constexpr,
                              BLOCK_N: tl.constexpr):
-    # Long rows: a group of SPLIT programs walks through its rows together, each program
-    # owning BLOCK_N columns (x, dy and its dW sums fit in registers). Per row the siblings
-    # exchange their part of sum(x_hat * g). The next row's loads are issued before the
-    # wait, so the exchange's latency hides behind memory traffic.
+    # Long rows: G groups of SPLIT programs; group g takes rows g, g + G, g + 2G, ... and
+    # each of its programs owns BLOCK_N columns (its dW sums stay in registers). Step i
+    # loads row i, publishes its part of sum(x_hat * g), and only then finishes row i - 1:
+    # waits for that row's exchange, which has had a whole row's loads to complete, reads
+    # x and dy again (from L1 or L2) and stores dx.
     pid = tl.program_id(0)
+    groups = tl.num_programs(0) // SPLIT
     group = pid // SPLIT
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    else:
-        w = tl.where(col_mask, 1.0, 0.0)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    first = group.to(tl.int64) * rows_per_group
-    last = tl.minimum(first + rows_per_group, M)
-    x_next = tl.load(x_ptr + first * stride_x_row + cols, mask=col_mask & (first < last),
-                     other=0.0)
-    dy_next = tl.load(dy_ptr + first * stride_dy_row + cols, mask=col_mask & (first < last),
-                      other=0.0)
-    for row in range(first, last):
-        x = x_next.to(tl.float32)
-        dy = dy_next.to(tl.float32)
-        rstd = tl.load(rstd_ptr + row)
-        x_hat = x * rstd
-        g = dy * w
-        publish(partial_ptr + row * SPLIT + part, tl.sum(x_hat * g, axis=0))
-        following = row + 1
-        x_next = tl.load(x_ptr + following * stride_x_row + cols,
-                         mask=col_mask & (following < last), other=0.0)
-        dy_next = tl.load(dy_ptr + following * stride_dy_row + cols,
-                          mask=col_mask & (following < last), other=0.0)
-        arrive_and_wait(arrived_ptr + row, SPLIT)
-        c = tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N
-        dx = (g - x_hat * c) * rstd
-        tl.store(dx_ptr + row * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
-                 mask=col_mask)
-        dw_acc += dy * x_hat
+    my_rows = tl.cdiv(M - group, groups)
+    for i in range(0, my_rows + 1):
+        row = (group + i * groups).to(tl.int64)
+        if i < my_rows:
+            x = tl.load(x_ptr + row * stride_x_row + cols, mask=col_mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            dy = tl.load(dy_ptr + row * stride_dy_row + cols, mask=col_mask, other=0.0,
+                         eviction_policy="evict_last").to(tl.float32)
+            g = dy * _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            publish(partial_ptr + row * SPLIT + part, tl.sum(x * g, axis=0))
+            arrive(arrived_ptr + row)
+        if i > 0:
+            prev = row - groups
+            wait_for_siblings(arrived_ptr + prev, SPLIT)
+            rstd = tl.load(rstd_ptr + prev)
+            # sum(x_hat * g) / N, with x_hat = x * rstd
+            c = tl.sum(read_partials(partial_ptr + prev * SPLIT, SPLIT), axis=0) * rstd / N
+            x_hat = tl.load(x_ptr + prev * stride_x_row + cols, mask=col_mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32) * rstd
+            dy = tl.load(dy_ptr + prev * stride_dy_row + cols, mask=col_mask, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)
+            g = dy * _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            tl.store(dx_ptr + prev * stride_dx_row + cols,
+                     ((g - x_hat * c) * rstd).to(dx_ptr.dtype.element_ty), mask=col_mask)
+            dw_acc += dy * x_hat
     tl.store(dw_partial_ptr + group.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
 
 
@@ -382,7 +429,9 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     plan = plan or backward_plan(M, N, x.device)
     check_path_runs_here(plan.path, x.device)
     rows_per_program = plan.rows_per_program(M)
-    programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path
+    programs = triton.cdiv(M, rows_per_program)
+    if plan.path == "split":  # groups take rows in turn: every group has at least one row
+        programs = min(M, plan.programs)
     alloc = torch.zeros if plan.path == "loop" else torch.empty
     partials = alloc((1, programs, N), dtype=torch.float32, device=x.device)
     w_arg = weight if weight is not None else dx
@@ -390,14 +439,14 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
               dx.stride(0), rows_per_program)
     if plan.path == "rows":
         rmsnorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-                                             num_warps=plan.num_warps,
+                                             RELOAD=plan.reload, BLOCK_M=plan.block_m,
+                                             BLOCK_N=plan.block_n, num_warps=plan.num_warps,
                                              num_stages=plan.num_stages)
     elif plan.path == "split":
         exchange = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
         arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
         rmsnorm_bwd_split_kernel[(programs * plan.split,)](
-            *common[:6], exchange, arrived, *common[6:], HAS_WEIGHT=weight is not None,
+            *common[:6], exchange, arrived, *common[6:-1], HAS_WEIGHT=weight is not None,
             SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     else:
         rmsnorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,

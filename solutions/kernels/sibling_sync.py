@@ -23,8 +23,20 @@ def publish(slot_ptr, value):
 
 
 @triton.jit
-def arrive_and_wait(arrived_ptr, SPLIT: tl.constexpr):
+def arrive(arrived_ptr):
+    """Count this program in, after (release) the partial sums it has published."""
     tl.atomic_add(arrived_ptr, 1, sem="release")
+
+
+@triton.jit
+def arrive_and_wait(arrived_ptr, SPLIT: tl.constexpr):
+    arrive(arrived_ptr)
+    wait_for_siblings(arrived_ptr, SPLIT)
+
+
+@triton.jit
+def wait_for_siblings(arrived_ptr, SPLIT: tl.constexpr):
+    """Spin until SPLIT programs have counted themselves in at `arrived_ptr`."""
     # Polling with an atomic (one thread, acquire) measured faster on an H100 than polling
     # with volatile loads, which every thread of the program issues.
     arrived = tl.atomic_add(arrived_ptr, 0, sem="acquire")
