@@ -4,6 +4,9 @@ Jupyter kernel (nbclient), feedback rendered as output."""
 from __future__ import annotations
 
 import inspect
+import re
+
+from course import runtime
 
 import nbformat
 import pytest
@@ -51,7 +54,11 @@ def _text(cell) -> str:
 def test_a_correct_kernel_written_in_a_cell_passes_and_shows_its_report():
     nb = _run([SETUP, KERNEL, "check.rmsnorm_forward(rmsnorm, seed=1)"])
     shown = _text(nb.cells[2])
-    assert "15/15 cases pass" in shown and "interpreter mode" in shown
+    # The notebook's kernel runs where this test runs: on a GPU the checker adds cases.
+    passed = re.search(r"rmsnorm_forward: (\d+)/(\d+) cases pass \((\w+) mode", shown)
+    assert passed, shown
+    assert passed.group(1) == passed.group(2)
+    assert passed.group(3) == ("gpu" if runtime.on_gpu() else "interpreter")
     assert "<table>" in nb.cells[2].outputs[-1]["data"]["text/html"]
 
 
