@@ -26,13 +26,7 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
-from solutions.kernels.sibling_sync import (
-    arrival_counters,
-    arrive_and_wait,
-    leave,
-    publish,
-    read_partials,
-)
+from solutions.kernels.sibling_sync import arrive_and_wait, publish, read_partials
 from solutions.kernels.validation import (
     as_rows,
     check_eps,
@@ -161,7 +155,6 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     mean, rstd = _stats_from_shifted(tl.sum(read_partials(slots, SPLIT), axis=0),
                                      tl.sum(read_partials(slots + SPLIT, SPLIT), axis=0),
                                      shift, N, eps)
-    leave(arrived_ptr + row, SPLIT)
     if STORE_STATS:
         if part == 0:
             tl.store(mean_ptr + row, mean)
@@ -229,7 +222,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             partials = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
-            arrived = arrival_counters(M, x.device)
+            arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
             layernorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, x2.stride(0),
                                              y.stride(0), eps, **flags, HEAD=HEAD,
                                              SPLIT=plan.split, BLOCK_N=plan.block_n,
@@ -378,7 +371,6 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
         arrive_and_wait(arrived_ptr + row, SPLIT)
         mean_g = tl.sum(read_partials(slots, SPLIT), axis=0) / N
         mean_xg = tl.sum(read_partials(slots + SPLIT, SPLIT), axis=0) / N
-        leave(arrived_ptr + row, SPLIT)
         dx = (g - mean_g - x_hat * mean_xg) * rstd
         tl.store(dx_ptr + row * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
                  mask=col_mask)
@@ -420,7 +412,7 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
                                                num_stages=plan.num_stages)
     elif plan.path == "split":
         exchange = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
-        arrived = arrival_counters(M, x.device)
+        arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
         layernorm_bwd_split_kernel[(programs * plan.split,)](
             *common[:7], exchange, arrived, *common[7:], HAS_WEIGHT=weight is not None,
             SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)

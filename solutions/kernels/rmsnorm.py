@@ -24,10 +24,8 @@ import triton.language as tl
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
 from solutions.kernels.sibling_sync import (
-    arrival_counters,
     arrive,
     arrive_and_wait,
-    leave,
     publish,
     read_partials,
     wait_for_siblings,
@@ -202,7 +200,6 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
     publish(partial_ptr + row * SPLIT + part, tl.sum(x * x, axis=0))
     arrive_and_wait(arrived_ptr + row, SPLIT)
     rstd = tl.rsqrt(tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N + eps)
-    leave(arrived_ptr + row, SPLIT)
     if STORE_RSTD:
         if part == 0:
             tl.store(rstd_ptr + row, rstd)
@@ -253,7 +250,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             partials = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
-            arrived = arrival_counters(M, x.device)
+            arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
             rmsnorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, *strides, eps,
                                            **flags, RELOAD=plan.reload, SPLIT=plan.split,
                                            BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
@@ -405,7 +402,6 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
             rstd = tl.load(rstd_ptr + prev)
             # sum(x_hat * g) / N, with x_hat = x * rstd
             c = tl.sum(read_partials(partial_ptr + prev * SPLIT, SPLIT), axis=0) * rstd / N
-            leave(arrived_ptr + prev, SPLIT)
             x_hat = tl.load(x_ptr + prev * stride_x_row + cols, mask=col_mask, other=0.0,
                             eviction_policy="evict_first").to(tl.float32) * rstd
             dy = tl.load(dy_ptr + prev * stride_dy_row + cols, mask=col_mask, other=0.0,
@@ -448,7 +444,7 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
                                              num_stages=plan.num_stages)
     elif plan.path == "split":
         exchange = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
-        arrived = arrival_counters(M, x.device)
+        arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
         rmsnorm_bwd_split_kernel[(programs * plan.split,)](
             *common[:6], exchange, arrived, *common[6:-1], HAS_WEIGHT=weight is not None,
             SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
