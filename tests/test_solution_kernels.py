@@ -320,3 +320,31 @@ def test_gpu_backward_split_path(dtype, n, block):
     _assert_sums_close("dw", dw, want_dw)
     _assert_sums_close("db", db, want_db)
 
+
+
+@pytest.mark.gpu
+def test_gpu_split_paths_leave_their_counters_ready_for_the_next_launch():
+    # The split kernels share one buffer of arrival counters per stream and never reset it:
+    # each launch must add exactly QUANTUM to every counter it uses, or the next launch on
+    # that buffer would stop waiting early and read partial sums that are not all there.
+    from solutions.kernels.sibling_sync import QUANTUM, arrival_counters
+
+    dtype = torch.bfloat16
+    m, n = 67, 70001
+    x, dy, w, b = _x((m, n), dtype, mean=2.0), _x((m, n), dtype, seed=7), _w(n, dtype), _x(
+        n, dtype, seed=3)
+    rstd = reference.rmsnorm_rstd(x).float()
+    mean, ln_rstd = (s.float() for s in reference.layernorm_stats(x))
+    launches = {
+        "rmsnorm": lambda: rmsnorm_forward(x, w, 1e-6, None, True, None)[:3:2],
+        "layernorm": lambda: layernorm_forward(x, w, b, 1e-5, True, None),
+        "rmsnorm backward": lambda: rmsnorm_backward(x, w, rstd, dy),
+        "layernorm backward": lambda: layernorm_backward(x, w, mean, ln_rstd, dy),
+    }
+    for name, launch in launches.items():
+        first = launch()
+        counters = arrival_counters(m, x.device)
+        assert int((counters % QUANTUM.value).count_nonzero()) == 0, name
+        for again in (launch(), launch()):
+            for got, want in zip(again, first, strict=True):
+                assert torch.equal(got, want), name

@@ -26,7 +26,12 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
-from solutions.kernels.sibling_sync import arrive_and_wait, publish, read_partials
+from solutions.kernels.sibling_sync import (
+    arrival_counters,
+    arrive_and_wait,
+    publish,
+    read_partials,
+)
 from solutions.kernels.validation import (
     as_rows,
     check_eps,
@@ -222,7 +227,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             partials = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
-            arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
+            arrived = arrival_counters(M, x.device)
             layernorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, x2.stride(0),
                                              y.stride(0), eps, **flags, HEAD=HEAD,
                                              SPLIT=plan.split, BLOCK_N=plan.block_n,
@@ -412,7 +417,7 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
                                                num_stages=plan.num_stages)
     elif plan.path == "split":
         exchange = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
-        arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
+        arrived = arrival_counters(M, x.device)
         layernorm_bwd_split_kernel[(programs * plan.split,)](
             *common[:7], exchange, arrived, *common[7:], HAS_WEIGHT=weight is not None,
             SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)

@@ -24,6 +24,7 @@ import triton.language as tl
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
 from solutions.kernels.sibling_sync import (
+    arrival_counters,
     arrive,
     arrive_and_wait,
     publish,
@@ -250,7 +251,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             partials = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
-            arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
+            arrived = arrival_counters(M, x.device)
             rmsnorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, *strides, eps,
                                            **flags, RELOAD=plan.reload, SPLIT=plan.split,
                                            BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
@@ -386,8 +387,12 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
     col_mask = cols < N
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     my_rows = tl.cdiv(M - group, groups)
+    prev_start = 0  # where row i - 1's counter stood, and what this program left there
+    prev_seen = 0
     for i in range(0, my_rows + 1):
         row = (group + i * groups).to(tl.int64)
+        start = prev_start
+        seen = prev_seen
         if i < my_rows:
             x = tl.load(x_ptr + row * stride_x_row + cols, mask=col_mask, other=0.0,
                         eviction_policy="evict_last").to(tl.float32)
@@ -395,10 +400,10 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
                          eviction_policy="evict_last").to(tl.float32)
             g = dy * _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             publish(partial_ptr + row * SPLIT + part, tl.sum(x * g, axis=0))
-            arrive(arrived_ptr + row)
+            start, seen = arrive(arrived_ptr + row, SPLIT)
         if i > 0:
             prev = row - groups
-            wait_for_siblings(arrived_ptr + prev, SPLIT)
+            wait_for_siblings(arrived_ptr + prev, prev_start, prev_seen)
             rstd = tl.load(rstd_ptr + prev)
             # sum(x_hat * g) / N, with x_hat = x * rstd
             c = tl.sum(read_partials(partial_ptr + prev * SPLIT, SPLIT), axis=0) * rstd / N
@@ -410,6 +415,8 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
             tl.store(dx_ptr + prev * stride_dx_row + cols,
                      ((g - x_hat * c) * rstd).to(dx_ptr.dtype.element_ty), mask=col_mask)
             dw_acc += dy * x_hat
+        prev_start = start
+        prev_seen = seen
     tl.store(dw_partial_ptr + group.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
 
 
@@ -444,7 +451,7 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
                                              num_stages=plan.num_stages)
     elif plan.path == "split":
         exchange = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
-        arrived = torch.zeros(M, dtype=torch.int32, device=x.device)
+        arrived = arrival_counters(M, x.device)
         rmsnorm_bwd_split_kernel[(programs * plan.split,)](
             *common[:6], exchange, arrived, *common[6:-1], HAS_WEIGHT=weight is not None,
             SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
