@@ -108,9 +108,16 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# SMs assumed when a plan for a GPU is made where there is none (chapter 04 prints plans
+# anywhere): an H100 SXM's.
+PLANNING_SMS = 132
+
+
 def _multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
         return 8  # the interpreter runs programs one by one; few programs, less overhead
+    if not torch.cuda.is_available():
+        return PLANNING_SMS
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
