@@ -45,9 +45,13 @@ from solutions.kernels.validation import (
 
 @triton.jit
 def _load_row_block(x_ptr, res_ptr, res_out_ptr, offsets_x, offsets_res, offsets_res_out, mask,
-                    HAS_RESIDUAL: tl.constexpr):
-    """x (plus the residual, rounded to the stored dtype and written back) in float32."""
-    x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0)
+                    HAS_RESIDUAL: tl.constexpr, READ_AGAIN: tl.constexpr = False):
+    """x (plus the residual, rounded to the stored dtype and written back) in float32.
+    READ_AGAIN: x will be read a second time, so L1 and L2 are asked to keep it."""
+    if READ_AGAIN:
+        x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0, eviction_policy="evict_last")
+    else:
+        x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0)
     r = x
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0)
@@ -123,12 +127,6 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
 
 
 @triton.jit
-def _load_for_reuse(ptr, mask):
-    """A load whose data pass 2 will read again: ask L1 and L2 to keep it."""
-    return tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_last")
-
-
-@triton.jit
 def _normalise_again(src_ptr, w_ptr, y_ptr, cols, mask, rstd, HAS_WEIGHT: tl.constexpr):
     """Pass 2 of the loop and split paths: read a block of the row again (from L1 or L2,
     and for the last time) and store its normalised values."""
@@ -155,12 +153,9 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < N
-            x = _load_for_reuse(x_ptr + r64 * stride_x_row + cols, mask)
-            r = x
-            if HAS_RESIDUAL:
-                r = tl.load(res_ptr + r64 * stride_res_row + cols, mask=mask, other=0.0)
-            x = _add_residual(x, r, res_out_ptr, r64 * stride_res_out_row + cols, mask,
-                              HAS_RESIDUAL)
+            x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
+                                r64 * stride_res_row + cols, r64 * stride_res_out_row + cols,
+                                mask, HAS_RESIDUAL, READ_AGAIN=True)
             sum_sq += tl.sum(x * x, axis=0)
         rstd = tl.rsqrt(sum_sq / N + eps)
         if STORE_RSTD:
@@ -193,11 +188,9 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
-    x = _load_for_reuse(x_ptr + row * stride_x_row + cols, mask)
-    r = x
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res_row + cols, mask=mask, other=0.0)
-    x = _add_residual(x, r, res_out_ptr, row * stride_res_out_row + cols, mask, HAS_RESIDUAL)
+    x = _load_row_block(x_ptr, res_ptr, res_out_ptr, row * stride_x_row + cols,
+                        row * stride_res_row + cols, row * stride_res_out_row + cols, mask,
+                        HAS_RESIDUAL, READ_AGAIN=True)
     publish(partial_ptr + row * SPLIT + part, tl.sum(x * x, axis=0))
     arrive_and_wait(arrived_ptr + row, SPLIT)
     rstd = tl.rsqrt(tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N + eps)
