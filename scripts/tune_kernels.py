@@ -40,13 +40,20 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
             elems = block_m * block_n
             if block_m > 64 or elems > 32768 or (elems < 1024 and block_m < 64):
                 continue
-            for warps in (2, 4, 8, 16, 32):
+            for warps in (1, 2, 4, 8, 16, 32):
                 if 4 <= elems / (32 * warps) <= 64:
                     out.append(ForwardPlan("rows", block_m, block_n, warps))
                     if block_n <= 2048 and elems <= 4096:  # persistent, prefetching
                         for k in (2, 4, 8):
                             out.append(ForwardPlan("rows", block_m, block_n, warps,
                                                    programs=k * sms, prefetch=True))
+    if 8192 <= block_n <= 32768:  # one program per row, two per SM if registers allow
+        for warps in (16, 32):
+            for out_block in (4096, 8192, block_n):
+                for registers in (0, 32, 40):
+                    out.append(ForwardPlan("loop", 1, block_n, warps,
+                                           out_block=min(out_block, block_n),
+                                           max_registers=registers))
     if N >= 16384:  # rows too long for registers, or nearly
         for block in (16384, 32768, 65536):
             if block > 2 * block_n:
@@ -80,14 +87,14 @@ def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
             elems = block_m * block_n
             if elems > 16384 or (elems < 1024 and block_m < 16):
                 continue
-            for warps in (4, 8, 16):
+            for warps in (2, 4, 8, 16):
                 if not 4 <= elems / (32 * warps) <= 32:
                     continue
-                for k in (1, 2):
-                    for stages in (1, 2):
+                for k in (1, 2, 4):
+                    for each_step in ((False, True) if block_m > 1 else (False,)):
                         if k * sms <= M:
                             out.append(BackwardPlan("rows", block_m, block_n, warps, k * sms,
-                                                    num_stages=stages))
+                                                    sum_each_step=each_step))
     if 4096 <= block_n <= 16384:  # one row at a time, read again for dx
         for warps in (16, 32):
             out.append(BackwardPlan("rows", 1, block_n, warps, min(M, sms), reload=True))

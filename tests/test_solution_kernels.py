@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from solutions import kernels
-from solutions.kernels.launch import BackwardPlan, ForwardPlan
+from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
 from solutions.kernels.layernorm import _forward as layernorm_forward
 from solutions.kernels.layernorm import layernorm_backward
 from solutions.kernels.rmsnorm import _forward as rmsnorm_forward
@@ -27,8 +27,10 @@ SMALL = [(4, 64), (7, 100), (5, 1), (1, 257), (3, 3000), (33, 48)]
 # threads read values other threads stored (the fused add's residual).
 LOOP_FWD = ForwardPlan("loop", 1, 1024, 4, programs=3, out_block=256)
 WHOLE_ROW_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, programs=2, out_block=2048)
+ROW_PER_PROGRAM_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, out_block=2048, max_registers=40)
 LOOP_BWD = BackwardPlan("loop", 1, 1024, 4, programs=3)
 RELOAD_BWD = BackwardPlan("rows", 1, 512, 4, programs=3, reload=True)
+EACH_STEP_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, sum_each_step=True)
 
 
 def _x(shape, dtype, seed=0, mean=0.0):
@@ -84,7 +86,8 @@ def test_layernorm_survives_a_mean_ten_thousand_times_the_spread():
     assert err < 5e-3, err
 
 
-@pytest.mark.parametrize("plan", [LOOP_FWD, WHOLE_ROW_LOOP_FWD], ids=["blocks", "whole-row"])
+@pytest.mark.parametrize("plan", [LOOP_FWD, WHOLE_ROW_LOOP_FWD, ROW_PER_PROGRAM_LOOP_FWD],
+                         ids=["blocks", "whole-row", "a-program-per-row"])
 def test_the_loop_paths_match_reference_on_long_rows(plan):
     x, r, w = _x((3, 5000), torch.float32, mean=20.0), _x((3, 5000), torch.float32), _w(
         5000, torch.float32)
@@ -103,12 +106,12 @@ def test_the_loop_paths_match_reference_on_long_rows(plan):
     _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
-@pytest.mark.parametrize("path", ["rows", "loop", "reload"])
+@pytest.mark.parametrize("path", ["rows", "loop", "reload", "each-step"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rmsnorm_backward_matches_reference(dtype, path):
     x, dy, w = _x((37, 300), dtype), _x((37, 300), dtype, seed=7), _w(300, dtype)
     rstd = reference.rmsnorm_rstd(x).float()
-    plan = {"loop": LOOP_BWD, "reload": RELOAD_BWD}.get(path)
+    plan = {"loop": LOOP_BWD, "reload": RELOAD_BWD, "each-step": EACH_STEP_BWD}.get(path)
     dx, dw = rmsnorm_backward(x, w, rstd, dy, plan)
     want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
     _assert_close("dx", dx, want_dx, dtype)
@@ -131,12 +134,14 @@ def test_layernorm_backward_matches_reference(dtype, path):
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_rows_path_with_fewer_programs_than_tiles(prefetch):
-    # each program walks over several row tiles (the persistent launch for short rows)
+def test_rows_path_with_and_without_prefetch(prefetch):
+    # With prefetch, 3 programs walk over the 10 row tiles (the persistent launch for short
+    # rows); without, each program takes one tile in straight-line code.
     x, r, w = _x((37, 300), torch.float32), _x((37, 300), torch.float32, seed=5), _w(
         300, torch.float32)
     b = _x(300, torch.float32, seed=4)
     plan = ForwardPlan("rows", 4, 512, 2, programs=3, prefetch=prefetch)
+    assert plan.grid(37, 300) == ((3,) if prefetch else (10,))
     y, res, rstd = rmsnorm_forward(x, w, 1e-6, r, True, plan)
     want_y, want_res = reference.add_rmsnorm(x, r, w)
     _assert_close("residual", res, want_res, torch.float32)
@@ -145,6 +150,33 @@ def test_rows_path_with_fewer_programs_than_tiles(prefetch):
     y, mean, rstd = layernorm_forward(x + 30, w, b, 1e-5, True, plan)
     _assert_close("y", y, reference.layernorm(x + 30, w, b), torch.float32)
     _assert_close("mean", mean, reference.layernorm_stats(x + 30)[0], torch.float32)
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm", "layernorm"])
+def test_every_row_length_gets_a_plan_that_covers_it(op):
+    # The launch rules are tables by row length: no N from 1 to 2**18 may fall between
+    # them, and every plan must cover the row (on a GPU, where the split path exists).
+    gpu = torch.device("cuda")
+    lengths = sorted({n for k in range(19) for n in (2**k - 1, 2**k, 2**k + 1)} - {0})
+    for element_size in (2, 4):
+        for n in lengths:
+            plan = forward_plan(4096, n, gpu, element_size=element_size,
+                                residual=op == "add_rmsnorm", layernorm=op == "layernorm")
+            where = f"{op}, N = {n}, {element_size}-byte values: {plan}"
+            if plan.path == "split":
+                assert plan.split * plan.block_n >= n, where
+            elif plan.path == "rows":
+                assert plan.block_n >= n and plan.block_m >= 1, where
+                assert plan.prefetch or not plan.programs, where
+            else:
+                assert plan.path == "loop" and plan.second_block <= plan.block_n, where
+                if not plan.programs:  # a program per row: only where measured, 16-bit
+                    assert element_size == 2 and plan.block_n >= n, where
+            # values a thread loads at once: beyond 64 float32 they would spill
+            assert plan.block_m * plan.block_n <= 64 * 32 * plan.num_warps, where
+        for n in lengths[: lengths.index(65537)]:
+            bwd = backward_plan(4096, n, gpu, layernorm=op == "layernorm")
+            assert bwd.block_n * bwd.split >= n, f"{op} backward, N = {n}: {bwd}"
 
 
 def test_backward_is_deterministic():
@@ -227,19 +259,23 @@ def test_bad_inputs_are_named(bad, match):
         bad()
 
 
-def test_long_row_layernorm_keeps_its_precision_when_the_head_is_off_the_mean():
-    # The loop path sums about the mean of the row's first 256 values. Make those values
-    # as far from the row's mean as they can be (1e4 higher than the rest, all on top of a
-    # mean of 1e4): the variance must still come out to float32 accuracy.
+@pytest.mark.parametrize("head_offset", [0.0, 1e4], ids=["plain", "head-off-the-mean"])
+def test_long_row_layernorm_keeps_its_precision_on_a_large_mean(head_offset):
+    # The loop path sums about the mean of the row's first block (1024 values here). On a
+    # mean of 1e4 and a spread of about 1, summing about 0 instead would lose every bit of
+    # the variance. The second case makes the first block as far from the row's mean as it
+    # can be (1e4 higher than the rest): the variance must still come out to float32
+    # accuracy.
     n = 5000
     x = _x((2, n), torch.float32, mean=1e4)
-    x[:, :256] += 1e4
+    x[:, :LOOP_FWD.block_n] += head_offset
     w, b = _w(n, torch.float32), _x(n, torch.float32, seed=4)
-    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, WHOLE_ROW_LOOP_FWD)
+    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, LOOP_FWD)
     want_mean, want_rstd = reference.layernorm_stats(x)
     assert ((rstd.double() - want_rstd) / want_rstd).abs().max().item() < 1e-5
     assert ((mean.double() - want_mean) / want_mean).abs().max().item() < 1e-6
-    _assert_close("y", y, reference.layernorm(x, w, b), torch.float32)
+    if head_offset:  # with a spread of 1, x - mean itself is only good to 1e4 * 2**-24
+        _assert_close("y", y, reference.layernorm(x, w, b), torch.float32)
 
 
 # ------------------------------------------------------------------ GPU: the full shapes

@@ -5,11 +5,12 @@ in docs/benchmarks.md). Three forward paths:
 
 - rows:  each program holds BLOCK_M whole rows in registers (BLOCK_M > 1 when rows are
          short, so a program still moves enough bytes to hide memory latency);
-- loop:  rows too long for registers, one program per SM walking over rows. Pass 1 loads
-         up to BLOCK_N columns at once (a whole row of 65536 16-bit values: 128 KB in
-         flight per SM) and only sums their squares, so nothing is kept; pass 2 reads the
-         row again, from L1 or L2, which pass 1 asked to keep it (`evict_last`). With one
-         row in flight per SM, the rows being worked on (132 x 128 KB) fit in L2;
+- loop:  pass 1 loads up to BLOCK_N columns of a row at once and only sums their squares,
+         so nothing is kept; pass 2 reads the row again, from L1 or L2, which pass 1 asked
+         to keep it (`evict_last`). For rows too long for registers, one program per SM
+         walks over rows (a whole row of 65536 16-bit values: 128 KB in flight per SM; the
+         132 rows being worked on fit in L2). For 16-bit rows of 8192 to 32768 columns,
+         one program per row, with few enough registers that two share an SM;
 - split: rows longer still, where one row per SM no longer fits L2: SPLIT programs on
          different SMs share a row, each loading its BLOCK_N columns at once, and exchange
          their partial sums through global memory before reading their columns again (GPU
@@ -59,19 +60,20 @@ class ForwardPlan:
     block_n: int        # columns per block (loop: pass 1's loads; split: per program)
     num_warps: int
     split: int = 1      # programs per row (split path)
-    programs: int = 0   # rows and loop paths: programs walking over the rows or tiles
-                        # (0: one per tile, or one per row)
+    programs: int = 0   # loop path, and rows path with prefetch: programs walking over
+                        # the rows or tiles (0: one per row, or one per tile)
     prefetch: bool = False  # rows path: load the next tile before computing this one
     out_block: int = 0  # loop and split paths: columns per block when the row is read
                         # again (0: block_n)
     reload: bool = True  # split path: read the columns again after the exchange (False:
                          # keep them in registers)
     max_registers: int = 0  # per thread, passed to the compiler as maxnreg (0: its choice)
+    num_stages: int = 0  # software-pipelining stages for the compiler (0: its choice)
 
     def grid(self, M: int, N: int) -> tuple[int]:
-        if self.path == "rows":
+        if self.path == "rows":  # one program a tile, unless they prefetch
             tiles = math.ceil(M / self.block_m)
-            return (min(tiles, self.programs) if self.programs else tiles,)
+            return (min(tiles, self.programs) if self.prefetch and self.programs else tiles,)
         if self.path == "split":
             return (M * self.split,)
         return (min(M, self.programs) if self.programs else M,)
@@ -84,6 +86,8 @@ class ForwardPlan:
         options = {"num_warps": self.num_warps}
         if self.max_registers:
             options["maxnreg"] = self.max_registers
+        if self.num_stages:
+            options["num_stages"] = self.num_stages
         return options
 
 
@@ -98,6 +102,7 @@ class BackwardPlan:
     split: int = 1      # programs per row group (split path)
     num_stages: int = 1
     reload: bool = False  # rows path: read x and dy again for dx instead of keeping them
+    sum_each_step: bool = False  # rows path: add up dW over each tile's rows as it goes
 
     def rows_per_program(self, M: int) -> int:
         return math.ceil(M / self.programs)
@@ -127,14 +132,28 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
     return 1 << (warps.bit_length() - 1)  # a power of two
 
 
-# Rows path, by BLOCK_N = next_power_of_2(N): (rows per tile, warps). From the sweeps in
-# docs/benchmarks.md: short rows want several rows per program so that each program moves
-# a few KB; long rows want enough warps that a thread holds 16 to 32 values.
-ROWS_PATH = {512: (4, 4), 1024: (2, 4), 2048: (2, 8), 4096: (1, 8), 8192: (1, 8),
-             16384: (2, 16), 32768: (1, 32)}
-# At N <= 256 a tile is too small to hide latency on its own: fewer, persistent programs
-# (PERSISTENT_PER_SM per SM) walk over the tiles, loading the next while computing this one.
+# Rows path, by BLOCK_N = next_power_of_2(N): (rows per tile, warps), per op. From the
+# sweeps in docs/benchmarks.md: short rows want several rows per program and few warps (a
+# program moves a few KB, and a row is reduced within one warp or two); long rows want
+# enough warps that a thread holds 16 to 32 values.
+_LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
+ROWS_PATH = {
+    "rmsnorm": {256: (4, 1), 512: (4, 2), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
+    "add_rmsnorm": {256: (4, 1), 512: (4, 1), 1024: (2, 4), 2048: (2, 8)} | _LONG_ROWS,
+    "layernorm": {512: (2, 1), 1024: (1, 4), 2048: (2, 8)} | _LONG_ROWS,
+}
+# Shorter rows than the table holds: a tile is too small to hide latency on its own, so
+# fewer, persistent programs (PERSISTENT_PER_SM per SM) walk over the tiles, loading the
+# next while computing this one.
 PERSISTENT_PER_SM = 8
+# 16-bit rows that fit registers, but measured faster on the loop path with one program
+# per row: (op, BLOCK_N) -> (warps, pass 2's block, registers a thread). A program loads
+# the whole row at once and reads it again; held to 32 or 40 registers, two programs share
+# an SM, so that one's reduction overlaps the other's loads (100 % of copy at 16384 and
+# 32768 for RMSNorm, against 98 and 93 % with the row kept in registers).
+ONE_ROW_LOOP = {("rmsnorm", 16384): (32, 8192, 40), ("rmsnorm", 32768): (32, 32768, 0),
+                ("add_rmsnorm", 16384): (32, 8192, 40), ("add_rmsnorm", 32768): (32, 32768, 0),
+                ("layernorm", 8192): (16, 4096, 32), ("layernorm", 16384): (16, 8192, 0)}
 
 
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
@@ -143,15 +162,20 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
     32768 fit one program's registers only when they arrive as 16-bit values and alone:
     float32 rows, or a second input, spill there, and take a longer-row path instead.
     LayerNorm's loop path measured slower than its split path from 65536 columns on."""
+    op = "layernorm" if layernorm else "add_rmsnorm" if residual else "rmsnorm"
     block_n = next_power_of_2(N)
     sms = _multiprocessors(device)
     register_limit = MAX_REGISTER_BLOCK if element_size <= 2 and not residual else 16384
-    if block_n <= 256:
+    if element_size <= 2 and (op, block_n) in ONE_ROW_LOOP:
+        warps, out_block, registers = ONE_ROW_LOOP[op, block_n]
+        return ForwardPlan("loop", 1, block_n, warps, out_block=out_block,
+                           max_registers=registers)
+    if block_n <= 256 and block_n not in ROWS_PATH[op]:
         block_m = max(1, min(16, 2048 // block_n, next_power_of_2(M)))
         programs = PERSISTENT_PER_SM * sms
         return ForwardPlan("rows", block_m, block_n, 4, programs=programs, prefetch=True)
     if block_n <= register_limit:
-        block_m, warps = ROWS_PATH[block_n]
+        block_m, warps = ROWS_PATH[op][block_n]
         return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps)
     on_gpu = device.type == "cuda"
     if residual:
@@ -172,6 +196,12 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
                        max_registers=0 if layernorm else SPLIT_MAX_REGISTERS)
 
 
+# RMSNorm's backward on short rows, two programs per SM: BLOCK_N -> (rows per step, warps,
+# whether dW is added up over each step's rows as it goes). From the sweep in
+# docs/benchmarks.md; 256 keeps the general rule below.
+RMS_BACKWARD_SHORT_ROWS = {512: (8, 4, False), 1024: (8, 4, True), 2048: (4, 4, True)}
+
+
 def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = False
                   ) -> BackwardPlan:
     """The split size (programs P) trades parallelism against the P*N*4 bytes of partial
@@ -188,6 +218,10 @@ def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = Fal
     register_limit = BACKWARD_REGISTER_BLOCK // (2 if layernorm else 1)
     if not layernorm and block_n == BACKWARD_REGISTER_BLOCK:
         return BackwardPlan("rows", 1, block_n, 16, min(M, sms), reload=True)
+    if not layernorm and block_n in RMS_BACKWARD_SHORT_ROWS:
+        block_m, warps, sum_each_step = RMS_BACKWARD_SHORT_ROWS[block_n]
+        return BackwardPlan("rows", block_m, block_n, warps, min(M, 2 * sms),
+                            sum_each_step=sum_each_step)
     if block_n <= register_limit:  # x, dy and the dW sums all live in registers
         block_m = max(1, min(16, 4096 // block_n))
         warps = 16 if block_n >= 4096 else 8

@@ -5,11 +5,13 @@
 The variance is never computed as E[x^2] - E[x]^2: for rows whose mean is large next to their
 spread that difference cancels catastrophically in float32. With the row in registers the
 kernel subtracts the mean first (two passes over registers, one over memory). Rows too long
-for registers are summed in one pass that keeps nothing, so they are summed about a shift K,
-the mean of the row's first HEAD values: var = E[(x-K)^2] - E[x-K]^2. That subtraction loses
-about log2(1 + (mean-K)^2/var) bits, and since those HEAD values are part of the row,
-(mean-K)^2 <= (N/HEAD) * var: at most 10 of float32's 24 bits at N = 262144, however
-large the mean.
+for registers are summed in one pass that keeps nothing, so they are summed about a shift K:
+var = E[(x-K)^2] - E[x-K]^2. That subtraction loses about log2(1 + (mean-K)^2/var) bits.
+K is the mean of the row's first H values (the loop path: its first block, H = BLOCK_N,
+so no extra load; the split path: the first HEAD = 256, which every program of the row
+reads), and since those values are part of the row, (mean-K)^2 <= (N/H) * var: at most
+10 of float32's 24 bits at N = 262144, however large the mean. When the first block is
+the whole row, K is the mean itself and nothing cancels.
 
 Backward (per row, x_hat = (x - mean) * rstd, g = dy * w):
 
@@ -61,45 +63,58 @@ def _normalise_tile(x, mask, N, eps):
 
 
 @triton.jit
+def _store_layernorm_rows(x, rows, r64, mask, cols, col_mask, w_ptr, b_ptr, y_ptr, mean_ptr,
+                          rstd_ptr, M, N, stride_y_row, eps, HAS_WEIGHT: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr):
+    """Normalise a float32 tile of whole rows and store it (and the statistics)."""
+    x_hat, mean, rstd = _normalise_tile(x, mask, N, eps)
+    if STORE_STATS:
+        tl.store(mean_ptr + rows, mean, mask=rows < M)
+        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+    y = _affine(x_hat, w_ptr, b_ptr, cols[None, :], col_mask[None, :], HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
 def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               M, N, stride_x_row, stride_y_row, eps,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                               STORE_STATS: tl.constexpr, PREFETCH: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # As rmsnorm_fwd_rows_kernel: program p takes row tiles p, p + P, ...; with PREFETCH the
-    # next tile is loaded before this one is normalised.
+    # As rmsnorm_fwd_rows_kernel: without PREFETCH program p normalises row tile p in
+    # straight-line code; with it, P programs take tiles p, p + P, ... and load the next
+    # tile before normalising this one.
     pid = tl.program_id(0)
-    n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    if PREFETCH:
-        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask = (rows < M)[:, None] & col_mask[None, :]
-        x_next = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x_row + cols[None, :],
-                         mask=mask, other=0.0)
-    for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        r64 = rows.to(tl.int64)[:, None]
-        mask = (rows < M)[:, None] & col_mask[None, :]
-        if PREFETCH:
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    r64 = rows.to(tl.int64)[:, None]
+    mask = (rows < M)[:, None] & col_mask[None, :]
+    if not PREFETCH:
+        x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        _store_layernorm_rows(x, rows, r64, mask, cols, col_mask, w_ptr, b_ptr, y_ptr,
+                              mean_ptr, rstd_ptr, M, N, stride_y_row, eps, HAS_WEIGHT,
+                              HAS_BIAS, STORE_STATS)
+    else:
+        n_programs = tl.num_programs(0)
+        x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
+        for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
+            rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+            r64 = rows.to(tl.int64)[:, None]
+            mask = (rows < M)[:, None] & col_mask[None, :]
             x = x_next.to(tl.float32)
             ahead = (tile + n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
-            x_next = tl.load(x_ptr + ahead.to(tl.int64)[:, None] * stride_x_row + cols[None, :],
-                             mask=(ahead < M)[:, None] & col_mask[None, :], other=0.0)
-        else:
-            x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
-                        other=0.0).to(tl.float32)
-        x_hat, mean, rstd = _normalise_tile(x, mask, N, eps)
-        if STORE_STATS:
-            tl.store(mean_ptr + rows, mean, mask=rows < M)
-            tl.store(rstd_ptr + rows, rstd, mask=rows < M)
-        y = _affine(x_hat, w_ptr, b_ptr, cols[None, :], col_mask[None, :], HAS_WEIGHT,
-                    HAS_BIAS)
-        tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=mask)
+            x_next = tl.load(x_ptr + ahead.to(tl.int64)[:, None] * stride_x_row
+                             + cols[None, :], mask=(ahead < M)[:, None] & col_mask[None, :],
+                             other=0.0)
+            _store_layernorm_rows(x, rows, r64, mask, cols, col_mask, w_ptr, b_ptr, y_ptr,
+                                  mean_ptr, rstd_ptr, M, N, stride_y_row, eps, HAS_WEIGHT,
+                                  HAS_BIAS, STORE_STATS)
 
 
-# Values whose mean is the shift long rows are summed about (see the module docstring).
+# The split path's shift: the mean of a row's first HEAD values (see the module docstring).
 HEAD = 256
 
 
@@ -174,16 +189,21 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
 def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               M, N, stride_x_row, stride_y_row, eps,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                              STORE_STATS: tl.constexpr, HEAD: tl.constexpr,
+                              STORE_STATS: tl.constexpr,
                               BLOCK_N: tl.constexpr, OUT_BLOCK: tl.constexpr):
-    # As rmsnorm_fwd_loop_kernel: programs walk over rows; pass 1 sums about the row's
-    # shift, BLOCK_N columns at once, keeping nothing; pass 2 reads the row again.
+    # As rmsnorm_fwd_loop_kernel: programs walk over rows; pass 1 sums BLOCK_N columns at
+    # once, keeping nothing, about the mean of the first block (the shift, which thus
+    # costs no load of its own); pass 2 reads the row again.
     for row in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
         x_row = x_ptr + row * stride_x_row
-        shift = _row_shift(x_row, N, HEAD)
-        sum_d = 0.0
-        sum_d2 = 0.0
-        for start in range(0, N, BLOCK_N):
+        first = tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + first, mask=first < N, other=0.0,
+                    eviction_policy="evict_last").to(tl.float32)
+        shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
+        d = tl.where(first < N, x - shift, 0.0)
+        sum_d = tl.sum(d, axis=0)
+        sum_d2 = tl.sum(d * d, axis=0)
+        for start in range(BLOCK_N, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             block_d, block_d2 = _shifted_sums(x_row, cols, cols < N, shift)
             sum_d += block_d
@@ -223,7 +243,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             layernorm_fwd_rows_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
                                             **flags, PREFETCH=plan.prefetch,
                                             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-                                            num_warps=plan.num_warps)
+                                            **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             partials = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
@@ -235,7 +255,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
                                              **plan.launch_options())
         else:
             layernorm_fwd_loop_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
-                                            **flags, HEAD=HEAD, BLOCK_N=plan.block_n,
+                                            **flags, BLOCK_N=plan.block_n,
                                             OUT_BLOCK=plan.second_block,
                                             **plan.launch_options())
     lead = x.shape[:-1]

@@ -71,35 +71,56 @@ def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.con
 
 
 @triton.jit
+def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N, stride_y_row,
+                           eps, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr):
+    """Normalise a float32 tile of whole rows and store it (and rstd)."""
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    if STORE_RSTD:
+        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        y = y * w[None, :]
+    tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
 def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             M, N, stride_x_row, stride_res_row, stride_y_row,
                             stride_res_out_row, eps,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, PREFETCH: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Program p handles row tiles p, p + P, p + 2P, ... (P programs launched; one tile each
-    # when P is the number of tiles). With PREFETCH, the next tile's loads are issued before
-    # this tile's arithmetic, so short rows still keep memory requests in flight.
+    # Without PREFETCH, program p handles row tile p, in straight-line code: a loop around
+    # it, even of one turn, measured 1 to 4 points slower on short rows. With PREFETCH,
+    # P programs walk over tiles p, p + P, ... and issue the next tile's loads before this
+    # tile's arithmetic, so that few programs still keep memory requests in flight.
     pid = tl.program_id(0)
-    n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
+    w = cols  # stands in when there is no weight
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    if PREFETCH:
-        r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
-        mask = (rows < M)[:, None] & col_mask[None, :]
+    r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
+    mask = (rows < M)[:, None] & col_mask[None, :]
+    if not PREFETCH:
+        x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols[None, :],
+                            r64 * stride_res_row + cols[None, :],
+                            r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
+        _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N,
+                               stride_y_row, eps, HAS_WEIGHT, STORE_RSTD)
+    else:
+        n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
         res_next = x_next
         if HAS_RESIDUAL:
             res_next = tl.load(res_ptr + r64 * stride_res_row + cols[None, :], mask=mask,
                                other=0.0)
-    for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        r64 = rows.to(tl.int64)[:, None]
-        mask = (rows < M)[:, None] & col_mask[None, :]
-        if PREFETCH:
+        for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
+            rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+            r64 = rows.to(tl.int64)[:, None]
+            mask = (rows < M)[:, None] & col_mask[None, :]
             x_raw = x_next
             res_raw = res_next
             ahead = (tile + n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -112,18 +133,8 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                                    mask=ahead_mask, other=0.0)
             x = _add_residual(x_raw, res_raw, res_out_ptr,
                               r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
-        else:
-            x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols[None, :],
-                                r64 * stride_res_row + cols[None, :],
-                                r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        if STORE_RSTD:
-            tl.store(rstd_ptr + rows, rstd, mask=rows < M)
-        y = x * rstd[:, None]
-        if HAS_WEIGHT:
-            y = y * w[None, :]
-        tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=mask)
+            _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N,
+                                   stride_y_row, eps, HAS_WEIGHT, STORE_RSTD)
 
 
 @triton.jit
@@ -240,7 +251,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         if plan.path == "rows":
             rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
                                           PREFETCH=plan.prefetch, BLOCK_M=plan.block_m,
-                                          BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+                                          BLOCK_N=plan.block_n, **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             partials = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
@@ -272,6 +283,7 @@ def _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
 def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
                             M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_program,
                             HAS_WEIGHT: tl.constexpr, RELOAD: tl.constexpr,
+                            SUM_EACH_STEP: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # With RELOAD (long rows, one program per SM), x, dy and w are read again for dx rather
     # than kept across the row's reduction: only the dW sums stay in registers, and the
@@ -281,7 +293,10 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
     col_mask = cols < N
     if not RELOAD:
         w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
-    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SUM_EACH_STEP:  # add each tile's rows up at once: BLOCK_N sums, not BLOCK_M x BLOCK_N
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    else:
+        dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, M)
     for start in range(first, last, BLOCK_M):
@@ -314,9 +329,13 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
         dx = (g - x_hat * c[:, None]) * rstd[:, None]
         tl.store(dx_ptr + r64 * stride_dx_row + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
                  mask=mask)
-        dw_acc += dy * x_hat
-    tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0),
-             mask=col_mask)
+        if SUM_EACH_STEP:
+            dw_acc += tl.sum(dy * x_hat, axis=0)
+        else:
+            dw_acc += dy * x_hat
+    if not SUM_EACH_STEP:
+        dw_acc = tl.sum(dw_acc, axis=0)
+    tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
 
 
 @triton.jit
@@ -439,7 +458,9 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
               dx.stride(0), rows_per_program)
     if plan.path == "rows":
         rmsnorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                             RELOAD=plan.reload, BLOCK_M=plan.block_m,
+                                             RELOAD=plan.reload,
+                                             SUM_EACH_STEP=plan.sum_each_step,
+                                             BLOCK_M=plan.block_m,
                                              BLOCK_N=plan.block_n, num_warps=plan.num_warps,
                                              num_stages=plan.num_stages)
     elif plan.path == "split":
