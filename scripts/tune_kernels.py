@@ -88,7 +88,7 @@ def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
             if elems > 16384 or (elems < 1024 and block_m < 16):
                 continue
             for warps in (2, 4, 8, 16):
-                if not 4 <= elems / (32 * warps) <= 32:
+                if not 4 <= elems / (32 * warps) <= 64:
                     continue
                 for k in (1, 2, 4):
                     for each_step in ((False, True) if block_m > 1 else (False,)):
