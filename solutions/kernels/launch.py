@@ -68,7 +68,6 @@ class ForwardPlan:
     reload: bool = True  # split path: read the columns again after the exchange (False:
                          # keep them in registers)
     max_registers: int = 0  # per thread, passed to the compiler as maxnreg (0: its choice)
-    num_stages: int = 0  # software-pipelining stages for the compiler (0: its choice)
 
     def grid(self, M: int, N: int) -> tuple[int]:
         if self.path == "rows":  # one program a tile, unless they prefetch
@@ -86,8 +85,6 @@ class ForwardPlan:
         options = {"num_warps": self.num_warps}
         if self.max_registers:
             options["maxnreg"] = self.max_registers
-        if self.num_stages:
-            options["num_stages"] = self.num_stages
         return options
 
 

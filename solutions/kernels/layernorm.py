@@ -126,11 +126,23 @@ def _row_shift(x_row_ptr, N, HEAD: tl.constexpr):
 
 
 @triton.jit
-def _shifted_sums(x_ptr, cols, mask, shift):
-    """sum(x - shift) and sum((x - shift)^2) over a block, loaded to be read again."""
-    x = tl.load(x_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last")
-    d = tl.where(mask, x.to(tl.float32) - shift, 0.0)
+def _load_to_read_again(x_ptr, cols, mask):
+    """A block pass 2 will read again (L1 and L2 are asked to keep it), in float32."""
+    return tl.load(x_ptr + cols, mask=mask, other=0.0,
+                   eviction_policy="evict_last").to(tl.float32)
+
+
+@triton.jit
+def _sums_about(x, mask, shift):
+    """sum(x - shift) and sum((x - shift)^2) over a float32 block."""
+    d = tl.where(mask, x - shift, 0.0)
     return tl.sum(d, axis=0), tl.sum(d * d, axis=0)
+
+
+@triton.jit
+def _shifted_sums(x_ptr, cols, mask, shift):
+    """_sums_about a block, loaded to be read again."""
+    return _sums_about(_load_to_read_again(x_ptr, cols, mask), mask, shift)
 
 
 @triton.jit
@@ -197,12 +209,9 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     for row in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
         x_row = x_ptr + row * stride_x_row
         first = tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + first, mask=first < N, other=0.0,
-                    eviction_policy="evict_last").to(tl.float32)
+        x = _load_to_read_again(x_row, first, first < N)
         shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
-        d = tl.where(first < N, x - shift, 0.0)
-        sum_d = tl.sum(d, axis=0)
-        sum_d2 = tl.sum(d * d, axis=0)
+        sum_d, sum_d2 = _sums_about(x, first < N, shift)
         for start in range(BLOCK_N, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             block_d, block_d2 = _shifted_sums(x_row, cols, cols < N, shift)

@@ -71,6 +71,13 @@ def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.con
 
 
 @triton.jit
+def _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
+    if HAS_WEIGHT:
+        return tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    return tl.where(col_mask, 1.0, 0.0)
+
+
+@triton.jit
 def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N, stride_y_row,
                            eps, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr):
     """Normalise a float32 tile of whole rows and store it (and rstd)."""
@@ -98,9 +105,7 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w = cols  # stands in when there is no weight
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
     mask = (rows < M)[:, None] & col_mask[None, :]
@@ -270,13 +275,6 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 
 
 # --------------------------------------------------------------------------- backward kernels
-
-
-@triton.jit
-def _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
-    if HAS_WEIGHT:
-        return tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    return tl.where(col_mask, 1.0, 0.0)
 
 
 @triton.jit
