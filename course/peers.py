@@ -115,10 +115,9 @@ def _quack_layernorm(x, w, b, eps):
 def _quack_add_rmsnorm(x, residual, w, eps):
     from quack.rmsnorm import rmsnorm_fwd
 
-    out = rmsnorm_fwd(x, w, residual=residual, eps=eps, store_rstd=False)
-    if not isinstance(out, tuple) or len(out) < 3 or out[2] is None:
-        raise Unavailable("this Quack version returns no residual from rmsnorm_fwd")
-    return out[0], out[2]
+    # Returns (y, residual_out, rstd); rstd is None without store_rstd.
+    y, residual_out, _ = rmsnorm_fwd(x, w, residual=residual, eps=eps, store_rstd=False)
+    return y, residual_out
 
 
 # ------------------------------------------------------------------ forward and backward
@@ -141,7 +140,9 @@ def _backward(fn: Callable, names: tuple[str, ...]) -> Prepare:
     def prepare(t: Inputs, eps: float):
         leaves = [t[n].detach().requires_grad_(True) for n in names]
         y = fn(*leaves, eps)
-        dy = t["dy"]
+        # A private dy: Liger's RMSNorm backward (in_place=True, its default) writes dx
+        # into dy, which would hand every later implementation a wrong dy.
+        dy = t["dy"].clone()
 
         def call():
             return torch.autograd.grad(y, leaves, dy, retain_graph=True)

@@ -144,3 +144,27 @@ def test_bench_command_needs_a_gpu_and_names_bad_ops(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().out
     assert cli.main(["bench", "--ops", "softmax"]) == 2
     assert "unknown op(s) ['softmax']" in capsys.readouterr().out
+
+
+class _GradIntoGradOutput(torch.autograd.Function):
+    """y = 2 x, with a backward that writes dx into the gradient it was given, as Liger's
+    RMSNorm backward does by default (in_place=True)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy.mul_(2)
+
+
+def test_a_backward_that_writes_into_dy_leaves_the_next_implementations_dy_alone():
+    t = shootout.make_inputs("rmsnorm_bwd", 4, 64, torch.float32)
+    dy_before = t["dy"].clone()
+    prepare = peers._backward(lambda x, eps: _GradIntoGradOutput.apply(x), ("x",))
+    call = prepare(t, 1e-6)
+    for _ in range(3):
+        (dx,) = call()
+    assert torch.equal(t["dy"], dy_before)  # the shared inputs are untouched
+    assert torch.equal(dx, 8 * dy_before)  # its own copy did change, call after call
