@@ -93,8 +93,9 @@ def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
                 for k in (1, 2, 4):
                     for each_step in ((False, True) if block_m > 1 else (False,)):
                         if k * sms <= M:
-                            out.append(BackwardPlan("rows", block_m, block_n, warps, k * sms,
-                                                    sum_each_step=each_step))
+                            out += [BackwardPlan("rows", block_m, block_n, warps, k * sms,
+                                                 sum_each_step=each_step, prefetch=ahead)
+                                    for ahead in (False, True)]
     if 4096 <= block_n <= 16384:  # one row at a time, read again for dx
         for warps in (16, 32):
             out.append(BackwardPlan("rows", 1, block_n, warps, min(M, sms), reload=True))

@@ -31,6 +31,8 @@ ROW_PER_PROGRAM_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, out_block=2048, max_r
 LOOP_BWD = BackwardPlan("loop", 1, 1024, 4, programs=3)
 RELOAD_BWD = BackwardPlan("rows", 1, 512, 4, programs=3, reload=True)
 EACH_STEP_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, sum_each_step=True)
+# 37 rows over 3 programs, 4 rows a step: the last step of each program is partial
+PREFETCH_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, prefetch=True)
 
 
 def _x(shape, dtype, seed=0, mean=0.0):
@@ -106,12 +108,13 @@ def test_the_loop_paths_match_reference_on_long_rows(plan):
     _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
-@pytest.mark.parametrize("path", ["rows", "loop", "reload", "each-step"])
+@pytest.mark.parametrize("path", ["rows", "loop", "reload", "each-step", "prefetch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rmsnorm_backward_matches_reference(dtype, path):
     x, dy, w = _x((37, 300), dtype), _x((37, 300), dtype, seed=7), _w(300, dtype)
     rstd = reference.rmsnorm_rstd(x).float()
-    plan = {"loop": LOOP_BWD, "reload": RELOAD_BWD, "each-step": EACH_STEP_BWD}.get(path)
+    plan = {"loop": LOOP_BWD, "reload": RELOAD_BWD, "each-step": EACH_STEP_BWD,
+            "prefetch": PREFETCH_BWD}.get(path)
     dx, dw = rmsnorm_backward(x, w, rstd, dy, plan)
     want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
     _assert_close("dx", dx, want_dx, dtype)

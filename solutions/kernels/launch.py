@@ -101,6 +101,7 @@ class BackwardPlan:
     num_stages: int = 1
     reload: bool = False  # rows path: read x and dy again for dx instead of keeping them
     sum_each_step: bool = False  # rows path: add up dW over each tile's rows as it goes
+    prefetch: bool = False  # rows path: load the next step's x and dy before this step's math
 
     def rows_per_program(self, M: int) -> int:
         return math.ceil(M / self.programs)
@@ -198,10 +199,14 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
                        max_registers=0 if layernorm else SPLIT_MAX_REGISTERS)
 
 
-# RMSNorm's backward on short rows, two programs per SM: BLOCK_N -> (rows per step, warps,
-# whether dW is added up over each step's rows as it goes). From the sweep in
-# docs/benchmarks.md; 256 keeps the general rule below.
-RMS_BACKWARD_SHORT_ROWS = {512: (8, 4, False), 1024: (8, 4, True), 2048: (4, 4, True)}
+# RMSNorm's backward, rows of 512 to 8192: BLOCK_N -> (rows per step, warps, programs per
+# SM, whether dW is added up over each step's rows as it goes, whether the next step's x and
+# dy are loaded before this step's arithmetic). From the sweeps in docs/benchmarks.md:
+# loading ahead took 2048, 4096 and 8192 from 83.5, 87.4 and 85.0 % of copy to 88.1, 93.9
+# and 92.9 %. 256 keeps the general rule below.
+RMS_BACKWARD_ROWS = {512: (8, 4, 2, False, True), 1024: (8, 4, 2, True, False),
+                     2048: (4, 8, 1, False, True), 4096: (2, 16, 1, False, True),
+                     8192: (1, 16, 1, False, True)}
 
 
 def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = False
@@ -220,10 +225,10 @@ def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = Fal
     register_limit = BACKWARD_REGISTER_BLOCK // (2 if layernorm else 1)
     if not layernorm and block_n == BACKWARD_REGISTER_BLOCK:
         return BackwardPlan("rows", 1, block_n, 16, min(M, sms), reload=True)
-    if not layernorm and block_n in RMS_BACKWARD_SHORT_ROWS:
-        block_m, warps, sum_each_step = RMS_BACKWARD_SHORT_ROWS[block_n]
-        return BackwardPlan("rows", block_m, block_n, warps, min(M, 2 * sms),
-                            sum_each_step=sum_each_step)
+    if not layernorm and block_n in RMS_BACKWARD_ROWS:
+        block_m, warps, per_sm, sum_each_step, prefetch = RMS_BACKWARD_ROWS[block_n]
+        return BackwardPlan("rows", block_m, block_n, warps, min(M, per_sm * sms),
+                            sum_each_step=sum_each_step, prefetch=prefetch)
     if block_n <= register_limit:  # x, dy and the dW sums all live in registers
         block_m = max(1, min(16, 4096 // block_n))
         warps = 16 if block_n >= 4096 else 8

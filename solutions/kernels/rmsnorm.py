@@ -278,14 +278,28 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 
 
 @triton.jit
+def _load_x_dy(x_ptr, dy_ptr, start, last, cols, col_mask, stride_x_row, stride_dy_row,
+               BLOCK_M: tl.constexpr):
+    """x and dy of rows start .. start + BLOCK_M - 1 (those before `last`), as stored."""
+    rows = start + tl.arange(0, BLOCK_M)
+    mask = (rows < last)[:, None] & col_mask[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask, other=0.0)
+    return x, dy
+
+
+@triton.jit
 def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
                             M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_program,
                             HAS_WEIGHT: tl.constexpr, RELOAD: tl.constexpr,
-                            SUM_EACH_STEP: tl.constexpr,
+                            SUM_EACH_STEP: tl.constexpr, PREFETCH: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # With RELOAD (long rows, one program per SM), x, dy and w are read again for dx rather
     # than kept across the row's reduction: only the dW sums stay in registers, and the
-    # first loads of a row can all be in flight at once.
+    # first loads of a row can all be in flight at once. With PREFETCH, the next step's x
+    # and dy are loaded before this step's arithmetic, so a program's loads stay in flight
+    # while it reduces.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -297,6 +311,9 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
         dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, M)
+    if PREFETCH:
+        x_next, dy_next = _load_x_dy(x_ptr, dy_ptr, first, last, cols, col_mask,
+                                     stride_x_row, stride_dy_row, BLOCK_M)
     for start in range(first, last, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < last
@@ -308,6 +325,11 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
             w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_last")
             dy = tl.load(dy_at, mask=mask, other=0.0, eviction_policy="evict_last")
+        elif PREFETCH:
+            x = x_next
+            dy = dy_next
+            x_next, dy_next = _load_x_dy(x_ptr, dy_ptr, start + BLOCK_M, last, cols,
+                                         col_mask, stride_x_row, stride_dy_row, BLOCK_M)
         else:
             x = tl.load(x_at, mask=mask, other=0.0)
             dy = tl.load(dy_at, mask=mask, other=0.0)
@@ -458,6 +480,7 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
         rmsnorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
                                              RELOAD=plan.reload,
                                              SUM_EACH_STEP=plan.sum_each_step,
+                                             PREFETCH=plan.prefetch,
                                              BLOCK_M=plan.block_m,
                                              BLOCK_N=plan.block_n, num_warps=plan.num_warps,
                                              num_stages=plan.num_stages)
