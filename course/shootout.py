@@ -55,11 +55,10 @@ class Row:
 
 
 # The run docs/benchmarks.md reports, shipped with the package so that a pip-installed course
-# (on Colab, say) can show it too. A full run outlasts one call to the GPU machine, so it is
-# recorded in parts: each part is one process, with the copy bandwidth it measured itself,
-# and holds whole (op, dtype) tables, so every comparison is within one process.
-RECORDED_RUN = tuple(Path(__file__).parent / "data" / f"bench-h100-2026-11-23-{part}.csv"
-                     for part in ("bf16", "fp16-fp32"))
+# (on Colab, say) can show it too. A run may be recorded in parts (one process each, with
+# the copy bandwidth it measured itself, each holding whole (op, dtype) tables, so that
+# every comparison is within one process); this one is a single process.
+RECORDED_RUN = (Path(__file__).parent / "data" / "bench-h100-2026-11-23.csv",)
 RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-23"
 
 

@@ -160,10 +160,10 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, BLOCK_N: tl.constexpr,
                             OUT_BLOCK: tl.constexpr):
-    # Programs walk over rows (one per SM on a GPU). Pass 1 loads BLOCK_N columns at once,
-    # the whole row when it fits, and keeps nothing but the sum of squares: the loads are
-    # all in flight together, which is what keeps HBM busy. Pass 2 reads the row again,
-    # mostly from L1 or L2, where pass 1 asked it to stay.
+    # Programs walk over rows (one per SM on a GPU), or take one row each. Pass 1 loads
+    # BLOCK_N columns at once, the whole row when it fits, and keeps nothing but the sum of
+    # squares: the loads are all in flight together, which is what keeps HBM busy. Pass 2
+    # reads the row again, mostly from L1 or L2, where pass 1 asked it to stay.
     for r64 in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
         sum_sq = 0.0
         for start in range(0, N, BLOCK_N):
