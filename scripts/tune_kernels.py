@@ -62,6 +62,11 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                 for out_block in (8192, 16384):
                     out.append(ForwardPlan("loop", 1, min(block, block_n), warps,
                                            programs=sms, out_block=min(out_block, block_n)))
+                    if block_n >= 65536:  # one program per row, a register cap or none
+                        out += [ForwardPlan("loop", 1, min(block, block_n), warps,
+                                            out_block=min(out_block, block_n),
+                                            max_registers=registers)
+                                for registers in (0, 40, 64)]
     if N >= 65536:
         for chunk in (8192, 16384, 32768, 65536):
             split = next_power_of_2_split(N, chunk)
@@ -73,6 +78,11 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                         if warps == 16:  # two programs an SM
                             out.append(ForwardPlan("split", 1, chunk, warps, split=split,
                                                    out_block=8192, max_registers=64))
+                        if chunk >= 32768:  # larger second-pass blocks, register caps
+                            out += [ForwardPlan("split", 1, chunk, warps, split=split,
+                                                out_block=min(second, chunk),
+                                                max_registers=registers)
+                                    for second in (16384, 32768) for registers in (0, 64)]
                         if chunk <= 8192:
                             out.append(ForwardPlan("split", 1, chunk, warps, split=split,
                                                    reload=False))
