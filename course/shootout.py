@@ -55,27 +55,21 @@ class Row:
 
 
 # The run docs/benchmarks.md reports, shipped with the package so that a pip-installed course
-# (on Colab, say) can show it too. A run may be recorded in parts (one process each, with
-# the copy bandwidth it measured itself, each holding whole (op, dtype) tables, so that
-# every comparison is within one process); this one is a single process.
-RECORDED_RUN = (Path(__file__).parent / "data" / "bench-h100-2026-11-23.csv",)
+# (on Colab, say) can show it too. One process: every comparison shares its copy bandwidth.
+RECORDED_RUN = Path(__file__).parent / "data" / "bench-h100-2026-11-23.csv"
 RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-23"
 
 
-def load_rows(paths: Path | Sequence[Path] = RECORDED_RUN) -> list[Row]:
-    """The rows of CSVs written by `course bench` (by default the recorded H100 run's
-    parts), one after another."""
+def load_rows(path: Path = RECORDED_RUN) -> list[Row]:
+    """The rows of a CSV written by `course bench` (by default the recorded H100 run)."""
     def number(text: str) -> float | None:
         return float(text) if text else None
 
-    rows = []
-    for path in [paths] if isinstance(paths, Path) else paths:
-        with open(path, newline="") as f:
-            rows += [Row(r["op"], r["impl"], r["dtype"], int(r["M"]), int(r["N"]),
-                         int(r["ideal_bytes"]), r["status"], number(r["seconds"]),
-                         number(r["gbps"]), number(r["fraction_of_copy"]),
-                         number(r.get("wall_s", ""))) for r in csv.DictReader(f)]
-    return rows
+    with open(path, newline="") as f:
+        return [Row(r["op"], r["impl"], r["dtype"], int(r["M"]), int(r["N"]),
+                    int(r["ideal_bytes"]), r["status"], number(r["seconds"]), number(r["gbps"]),
+                    number(r["fraction_of_copy"]), number(r.get("wall_s", "")))
+                for r in csv.DictReader(f)]
 
 
 def as_measurements(rows: Sequence[Row], op: str, dtype: str) -> list[bench.Measurement]:
