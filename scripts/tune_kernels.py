@@ -100,7 +100,7 @@ def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
             for warps in (2, 4, 8, 16):
                 if not 4 <= elems / (32 * warps) <= 64:
                     continue
-                for k in (1, 2, 4):
+                for k in (1, 2, 4, 8):  # 4 to 8 an SM: short rows, as Inductor launches
                     for each_step in ((False, True) if block_m > 1 else (False,)):
                         if k * sms <= M:
                             out += [BackwardPlan("rows", block_m, block_n, warps, k * sms,

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from solutions import kernels
+from solutions.kernels.column_sums import SUM_ROWS, column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
 from solutions.kernels.layernorm import _forward as layernorm_forward
 from solutions.kernels.layernorm import layernorm_backward
@@ -190,6 +191,19 @@ def test_backward_is_deterministic():
     for _ in range(3):
         again = rmsnorm_backward(x, w, rstd, dy)
         assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+def test_column_sums_of_more_partial_rows_than_one_step_holds():
+    """The second kernel of every backward: narrow strips of columns, up to SUM_ROWS
+    partial rows a step; 2 sets (dW and dB) of 2500 rows of 37 columns take three steps
+    and a partial strip."""
+    gen = torch.Generator().manual_seed(3)
+    partials = torch.randn((2, SUM_ROWS * 2 + 452, 37), generator=gen).to(DEV)
+    got = column_sums(partials, torch.float32)
+    want = partials.double().sum(1)
+    assert got.shape == (2, 37)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4), (got.double() - want
+                                                                       ).abs().max()
 
 
 def test_strided_rows_and_3d_inputs():

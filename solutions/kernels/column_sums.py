@@ -10,6 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
+# Columns and partial rows one program sums per step.
+SUM_COLUMNS = 16
+SUM_ROWS = 1024
+
 
 @triton.jit
 def column_sums_kernel(partial_ptr, out_ptr, P, N, stride_partial_set, stride_out_set,
@@ -34,9 +38,14 @@ def column_sums(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """(S, P, N) float32 partials -> (S, N) sums over P, in `out_dtype`."""
     sets, programs, n = partials.shape
     out = torch.empty((sets, n), dtype=out_dtype, device=partials.device)
-    block_n = min(256, triton.next_power_of_2(n))
-    block_p = 32
+    # Narrow and tall: many programs even for short rows, each loading its whole column
+    # strip at once. A short-row backward's time was a tenth in here with one 256-column
+    # program walking 32 partial rows at a time (10 us of 38 at 32768 x 256 on an H100,
+    # against under 5 us like this).
+    block_n = min(SUM_COLUMNS, triton.next_power_of_2(n))
+    block_p = min(SUM_ROWS, max(32, triton.next_power_of_2(programs)))
+    warps = max(1, min(8, block_p * block_n // 2048))  # 64 values a thread at most
     grid = (triton.cdiv(n, block_n), sets)
     column_sums_kernel[grid](partials, out, programs, n, partials.stride(0), out.stride(0),
-                             BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
+                             BLOCK_P=block_p, BLOCK_N=block_n, num_warps=warps)
     return out

@@ -199,12 +199,15 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
                        max_registers=0 if layernorm else SPLIT_MAX_REGISTERS)
 
 
-# RMSNorm's backward, rows of 512 to 8192: BLOCK_N -> (rows per step, warps, programs per
+# RMSNorm's backward, rows of 256 to 8192: BLOCK_N -> (rows per step, warps, programs per
 # SM, whether dW is added up over each step's rows as it goes, whether the next step's x and
 # dy are loaded before this step's arithmetic). From the sweeps in docs/benchmarks.md:
 # loading ahead took 2048, 4096 and 8192 from 83.5, 87.4 and 85.0 % of copy to 88.1, 93.9
-# and 92.9 %. 256 keeps the general rule below.
-RMS_BACKWARD_ROWS = {512: (8, 4, 2, False, True), 1024: (8, 4, 2, True, False),
+# and 92.9 %. Short rows want many small programs (4 to 8 an SM, as Inductor launches its
+# backward), once the column sums of their partial rows are cheap: 256, 512 and 1024 went
+# from 45.1, 63.2 and 76.6 % to 64.6, 76.2 and 85.4 %.
+RMS_BACKWARD_ROWS = {256: (8, 1, 8, True, True), 512: (4, 2, 4, False, True),
+                     1024: (8, 4, 4, True, False),
                      2048: (4, 8, 1, False, True), 4096: (2, 16, 1, False, True),
                      8192: (1, 16, 1, False, True)}
 
