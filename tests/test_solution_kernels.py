@@ -123,13 +123,13 @@ def test_rmsnorm_backward_matches_reference(dtype, path):
     _assert_sums_close("dw", dw, want_dw)
 
 
-@pytest.mark.parametrize("path", ["rows", "loop"])
+@pytest.mark.parametrize("path", ["rows", "loop", "each-step", "prefetch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_layernorm_backward_matches_reference(dtype, path):
     x, dy = _x((37, 300), dtype, mean=2.0), _x((37, 300), dtype, seed=7)
     w, b = _w(300, dtype), _x(300, dtype, seed=3)
     mean, rstd = (s.float() for s in reference.layernorm_stats(x))
-    plan = LOOP_BWD if path == "loop" else None
+    plan = {"loop": LOOP_BWD, "each-step": EACH_STEP_BWD, "prefetch": PREFETCH_BWD}.get(path)
     dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
     want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
     _assert_close("dx", dx, want_dx, dtype)

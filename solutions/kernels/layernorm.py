@@ -28,6 +28,7 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
+from solutions.kernels.row_loads import load_x_dy, weights_or_ones
 from solutions.kernels.sibling_sync import (
     arrival_counters,
     arrive_and_wait,
@@ -277,28 +278,43 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
 def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
                               M, N, stride_x_row, stride_dy_row, stride_dx_row,
                               rows_per_program, stride_partial_set,
-                              HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                              HAS_WEIGHT: tl.constexpr, SUM_EACH_STEP: tl.constexpr,
+                              PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr,
                               BLOCK_N: tl.constexpr):
+    # As rmsnorm_bwd_rows_kernel (SUM_EACH_STEP, PREFETCH likewise), with the two sums
+    # LayerNorm's dx needs and dB's partial row beside dW's.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+    if SUM_EACH_STEP:
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     else:
-        w = tl.where(col_mask, 1.0, 0.0)
-    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, M)
+    if PREFETCH:
+        x_next, dy_next = load_x_dy(x_ptr, dy_ptr, first, last, cols, col_mask,
+                                    stride_x_row, stride_dy_row, BLOCK_M)
     for start in range(first, last, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < last
         mask = row_mask[:, None] & col_mask[None, :]
         r64 = rows.to(tl.int64)[:, None]
-        x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask,
-                     other=0.0).to(tl.float32)
+        if PREFETCH:
+            x = x_next
+            dy = dy_next
+            x_next, dy_next = load_x_dy(x_ptr, dy_ptr, start + BLOCK_M, last, cols,
+                                        col_mask, stride_x_row, stride_dy_row, BLOCK_M)
+        else:
+            x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
+                        other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask,
+                         other=0.0).to(tl.float32)
+        x = x.to(tl.float32)  # the prefetched rows arrive as stored
+        dy = dy.to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
@@ -308,11 +324,23 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
         dx = (g - mean_g[:, None] - x_hat * mean_xg[:, None]) * rstd[:, None]
         tl.store(dx_ptr + r64 * stride_dx_row + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
                  mask=mask)
-        dw_acc += dy * x_hat
-        db_acc += dy
+        if SUM_EACH_STEP:
+            dw_acc += tl.sum(dy * x_hat, axis=0)
+            db_acc += tl.sum(dy, axis=0)
+        else:
+            dw_acc += dy * x_hat
+            db_acc += dy
     out = partial_ptr + pid.to(tl.int64) * N + cols
-    tl.store(out, tl.sum(dw_acc, axis=0), mask=col_mask)
-    tl.store(out + stride_partial_set, tl.sum(db_acc, axis=0), mask=col_mask)
+    tl.store(out, _over_rows(dw_acc, SUM_EACH_STEP), mask=col_mask)
+    tl.store(out + stride_partial_set, _over_rows(db_acc, SUM_EACH_STEP), mask=col_mask)
+
+
+@triton.jit
+def _over_rows(acc, SUMMED: tl.constexpr):
+    """A program's partial row: its per-row accumulators added up, unless already summed."""
+    if SUMMED:
+        return acc
+    return tl.sum(acc, axis=0)
 
 
 @triton.jit
@@ -375,10 +403,7 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    else:
-        w = tl.where(col_mask, 1.0, 0.0)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     first = group.to(tl.int64) * rows_per_group
@@ -441,6 +466,8 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
               x2.stride(0), dy2.stride(0), dx.stride(0), rows_per_program, partials.stride(0))
     if plan.path == "rows":
         layernorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
+                                               SUM_EACH_STEP=plan.sum_each_step,
+                                               PREFETCH=plan.prefetch,
                                                BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
                                                num_warps=plan.num_warps,
                                                num_stages=plan.num_stages)

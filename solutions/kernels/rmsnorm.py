@@ -23,6 +23,7 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
+from solutions.kernels.row_loads import load_x_dy, weights_or_ones
 from solutions.kernels.sibling_sync import (
     arrival_counters,
     arrive,
@@ -71,13 +72,6 @@ def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.con
 
 
 @triton.jit
-def _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
-    if HAS_WEIGHT:
-        return tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    return tl.where(col_mask, 1.0, 0.0)
-
-
-@triton.jit
 def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N, stride_y_row,
                            eps, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr):
     """Normalise a float32 tile of whole rows and store it (and rstd)."""
@@ -105,7 +99,7 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
     mask = (rows < M)[:, None] & col_mask[None, :]
@@ -278,18 +272,6 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
 
 
 @triton.jit
-def _load_x_dy(x_ptr, dy_ptr, start, last, cols, col_mask, stride_x_row, stride_dy_row,
-               BLOCK_M: tl.constexpr):
-    """x and dy of rows start .. start + BLOCK_M - 1 (those before `last`), as stored."""
-    rows = start + tl.arange(0, BLOCK_M)
-    mask = (rows < last)[:, None] & col_mask[None, :]
-    r64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
-    dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask, other=0.0)
-    return x, dy
-
-
-@triton.jit
 def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
                             M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_program,
                             HAS_WEIGHT: tl.constexpr, RELOAD: tl.constexpr,
@@ -304,7 +286,7 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if not RELOAD:
-        w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     if SUM_EACH_STEP:  # add each tile's rows up at once: BLOCK_N sums, not BLOCK_M x BLOCK_N
         dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     else:
@@ -312,7 +294,7 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, M)
     if PREFETCH:
-        x_next, dy_next = _load_x_dy(x_ptr, dy_ptr, first, last, cols, col_mask,
+        x_next, dy_next = load_x_dy(x_ptr, dy_ptr, first, last, cols, col_mask,
                                      stride_x_row, stride_dy_row, BLOCK_M)
     for start in range(first, last, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
@@ -322,13 +304,13 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
         x_at = x_ptr + r64 * stride_x_row + cols[None, :]
         dy_at = dy_ptr + r64 * stride_dy_row + cols[None, :]
         if RELOAD:
-            w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_last")
             dy = tl.load(dy_at, mask=mask, other=0.0, eviction_policy="evict_last")
         elif PREFETCH:
             x = x_next
             dy = dy_next
-            x_next, dy_next = _load_x_dy(x_ptr, dy_ptr, start + BLOCK_M, last, cols,
+            x_next, dy_next = load_x_dy(x_ptr, dy_ptr, start + BLOCK_M, last, cols,
                                          col_mask, stride_x_row, stride_dy_row, BLOCK_M)
         else:
             x = tl.load(x_at, mask=mask, other=0.0)
@@ -340,7 +322,7 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
         g = dy * w[None, :]
         c = tl.sum(x_hat * g, axis=1) / N
         if RELOAD:
-            w = _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_first")
             dy = tl.load(dy_at, mask=mask, other=0.0, eviction_policy="evict_first")
             dy = dy.to(tl.float32)
@@ -430,7 +412,7 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
                         eviction_policy="evict_last").to(tl.float32)
             dy = tl.load(dy_ptr + row * stride_dy_row + cols, mask=col_mask, other=0.0,
                          eviction_policy="evict_last").to(tl.float32)
-            g = dy * _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            g = dy * weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             publish(partial_ptr + row * SPLIT + part, tl.sum(x * g, axis=0))
             start, seen = arrive(arrived_ptr + row, SPLIT)
         if i > 0:
@@ -443,7 +425,7 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
                             eviction_policy="evict_first").to(tl.float32) * rstd
             dy = tl.load(dy_ptr + prev * stride_dy_row + cols, mask=col_mask, other=0.0,
                          eviction_policy="evict_first").to(tl.float32)
-            g = dy * _weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            g = dy * weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             tl.store(dx_ptr + prev * stride_dx_row + cols,
                      ((g - x_hat * c) * rstd).to(dx_ptr.dtype.element_ty), mask=col_mask)
             dw_acc += dy * x_hat

@@ -1,0 +1,28 @@
+"""Triton helpers that both ops' kernels load their rows and parameters with."""
+
+from __future__ import annotations
+
+from course import runtime  # noqa: F401  (picks GPU or interpreter before triton loads)
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
+    """The weight's columns in float32, or ones (zeros past N) when there is no weight."""
+    if HAS_WEIGHT:
+        return tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    return tl.where(col_mask, 1.0, 0.0)
+
+
+@triton.jit
+def load_x_dy(x_ptr, dy_ptr, start, last, cols, col_mask, stride_x_row, stride_dy_row,
+              BLOCK_M: tl.constexpr):
+    """x and dy of rows start .. start + BLOCK_M - 1 (those before `last`), as stored."""
+    rows = start + tl.arange(0, BLOCK_M)
+    mask = (rows < last)[:, None] & col_mask[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask, other=0.0)
+    return x, dy
