@@ -39,9 +39,9 @@ def column_sums(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     sets, programs, n = partials.shape
     out = torch.empty((sets, n), dtype=out_dtype, device=partials.device)
     # Narrow and tall: many programs even for short rows, each loading its whole column
-    # strip at once. A short-row backward's time was a tenth in here with one 256-column
-    # program walking 32 partial rows at a time (10 us of 38 at 32768 x 256 on an H100,
-    # against under 5 us like this).
+    # strip at once. With one 256-column program walking 32 partial rows at a time, a
+    # quarter of a short-row backward's time was in here (10 us of 38 at 32768 x 256 on an
+    # H100, against under 5 us like this).
     block_n = min(SUM_COLUMNS, triton.next_power_of_2(n))
     block_p = min(SUM_ROWS, max(32, triton.next_power_of_2(programs)))
     warps = max(1, min(8, block_p * block_n // 2048))  # 64 values a thread at most

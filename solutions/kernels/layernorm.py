@@ -28,7 +28,7 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
-from solutions.kernels.row_loads import load_x_dy, weights_or_ones
+from solutions.kernels.row_loads import load_x_dy, take_prefetched, weights_or_ones
 from solutions.kernels.sibling_sync import (
     arrival_counters,
     arrive_and_wait,
@@ -304,17 +304,14 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
         mask = row_mask[:, None] & col_mask[None, :]
         r64 = rows.to(tl.int64)[:, None]
         if PREFETCH:
-            x = x_next
-            dy = dy_next
-            x_next, dy_next = load_x_dy(x_ptr, dy_ptr, start + BLOCK_M, last, cols,
-                                        col_mask, stride_x_row, stride_dy_row, BLOCK_M)
+            x, dy, x_next, dy_next = take_prefetched(x_ptr, dy_ptr, x_next, dy_next, start,
+                                                     last, cols, col_mask, stride_x_row,
+                                                     stride_dy_row, BLOCK_M)
         else:
             x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
                         other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask,
                          other=0.0).to(tl.float32)
-        x = x.to(tl.float32)  # the prefetched rows arrive as stored
-        dy = dy.to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)

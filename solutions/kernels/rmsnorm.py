@@ -23,7 +23,7 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
-from solutions.kernels.row_loads import load_x_dy, weights_or_ones
+from solutions.kernels.row_loads import load_x_dy, take_prefetched, weights_or_ones
 from solutions.kernels.sibling_sync import (
     arrival_counters,
     arrive,
@@ -308,10 +308,9 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
             x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_last")
             dy = tl.load(dy_at, mask=mask, other=0.0, eviction_policy="evict_last")
         elif PREFETCH:
-            x = x_next
-            dy = dy_next
-            x_next, dy_next = load_x_dy(x_ptr, dy_ptr, start + BLOCK_M, last, cols,
-                                         col_mask, stride_x_row, stride_dy_row, BLOCK_M)
+            x, dy, x_next, dy_next = take_prefetched(x_ptr, dy_ptr, x_next, dy_next, start,
+                                                     last, cols, col_mask, stride_x_row,
+                                                     stride_dy_row, BLOCK_M)
         else:
             x = tl.load(x_at, mask=mask, other=0.0)
             dy = tl.load(dy_at, mask=mask, other=0.0)

@@ -26,3 +26,13 @@ def load_x_dy(x_ptr, dy_ptr, start, last, cols, col_mask, stride_x_row, stride_d
     x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
     dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask, other=0.0)
     return x, dy
+
+
+@triton.jit
+def take_prefetched(x_ptr, dy_ptr, x_next, dy_next, start, last, cols, col_mask,
+                    stride_x_row, stride_dy_row, BLOCK_M: tl.constexpr):
+    """A step that loads ahead: this step's x and dy (loaded by the step before) in float32,
+    and the next step's, whose loads are issued first so they fly during this step's math."""
+    x_after, dy_after = load_x_dy(x_ptr, dy_ptr, start + BLOCK_M, last, cols, col_mask,
+                                  stride_x_row, stride_dy_row, BLOCK_M)
+    return x_next.to(tl.float32), dy_next.to(tl.float32), x_after, dy_after
