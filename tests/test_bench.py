@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
+
 from course import bench, runtime
 
 import matplotlib
 import pytest
+import torch
 
 matplotlib.use("Agg")
 
@@ -59,3 +62,30 @@ def test_sweep_flattens_and_plot_draws_one_line_per_label():
     lines = {line.get_label(): line.get_ydata().tolist() for line in ax.get_lines()}
     assert lines["ours"] == pytest.approx([2.56, 10.24, 40.96])
     assert lines["eager"] == pytest.approx([1.28, 5.12, 20.48])
+
+
+def test_enough_outputs_are_held_to_outrun_l2_and_none_past_it():
+    mib = 2**20
+    assert bench.outputs_to_hold(16 * mib, l2_bytes=50 * mib) == 10  # 160 MiB >= 3 x L2
+    assert bench.outputs_to_hold(100 * mib, l2_bytes=50 * mib) == 2
+    assert bench.outputs_to_hold(150 * mib, l2_bytes=50 * mib) == 0  # one alone outruns L2
+    assert bench.outputs_to_hold(1, l2_bytes=50 * mib) == 64  # capped
+    assert bench.outputs_to_hold(16 * mib, l2_bytes=0) == 0  # no GPU, no L2
+    assert bench.result_bytes((torch.empty(10, dtype=torch.bfloat16), None,
+                               torch.empty(3, dtype=torch.float32))) == 32
+
+
+def test_the_latest_outputs_stay_alive_so_no_repetition_reuses_fresh_memory(monkeypatch):
+    # Outputs freed at once would come back from the allocator as the next call's output,
+    # still in L2, and that call's writes would be cheaper than a real one's.
+    monkeypatch.setattr(bench.hardware, "l2_bytes", lambda: 4000)  # 3 x L2 = 12 outputs
+    refs, alive_before_each_call = [], []
+
+    def fresh_output():
+        alive_before_each_call.append(sum(r() is not None for r in refs))
+        out = torch.empty(1000, dtype=torch.uint8)
+        refs.append(weakref.ref(out))
+        return out
+
+    bench.time_fn(fresh_output, warmup=2, reps=20)
+    assert alive_before_each_call == list(range(13)) + [12] * 9
