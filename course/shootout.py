@@ -160,16 +160,22 @@ def column_sum_error(name: str, got: torch.Tensor, want: torch.Tensor,
 
 
 def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[str] | None,
-              reps: int, copy: float, eps: float = 1e-6) -> list[Row]:
+              reps: int, copy: float, eps: float = 1e-6, rounds: int = 2) -> list[Row]:
+    """Check every implementation at one shape, then time those that passed in `rounds`
+    rounds, each implementation once a round (in reverse order every other round), keeping
+    its fastest median: a transient stall of the machine (seen once, a 15x slower median)
+    must not stand as a kernel's speed, and no implementation is always the one timed first,
+    right after the inputs and the float64 reference were made."""
     nbytes = ideal_bytes(op, M, N, dtype)
     inputs = make_inputs(op, M, N, dtype)
     want = expected(op, inputs, eps)
     dname = str(dtype).replace("torch.", "")
-    rows = []
+    rows: list[Row] = []
+    ready: list[tuple[Row, list]] = []  # (row, its calls on rotating inputs)
     for impl in peers.implementations(op):
         if impls and impl.name not in impls:
             continue
-        row = Row(op, impl.name, dname, M, N, nbytes, "ok")
+        row = Row(op, impl.name, dname, M, N, nbytes, "ok", wall_s=0.0)
         started = time.perf_counter()
         try:
             call = impl.prepare(inputs, eps)
@@ -177,29 +183,46 @@ def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[st
             if problem:
                 row.status = f"wrong: {problem}"
             else:
-                copies = [impl.prepare(make_inputs(op, M, N, dtype, seed=s + 1), eps)
-                          for s in range(bench.copies_needed(nbytes) - 1)] + [call]
-                current = [call]
-
-                def pick(i, copies=copies, current=current):
-                    current[0] = copies[i % len(copies)]
-                # Two passes, the faster median kept: a transient stall of the machine
-                # (seen once, a 15x slower median) must not stand as the kernel's speed.
-                row.seconds = min(
-                    bench.time_fn(lambda current=current: current[0](), warmup=5, reps=reps,
-                                  before_each=pick, hide_launch=True).median_s
-                    for _ in range(2))
-                row.gbps = nbytes / row.seconds / 1e9
-                row.fraction_of_copy = nbytes / row.seconds / copy
-                del copies, current
+                ready.append((row, [impl.prepare(make_inputs(op, M, N, dtype, seed=s + 1), eps)
+                                    for s in range(bench.copies_needed(nbytes) - 1)] + [call]))
         except peers.Unavailable as exc:
             row.status = f"unavailable: {exc}"
         except Exception as exc:  # a peer that crashes on a shape is a result, not a stop
-            row.status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        row.wall_s = time.perf_counter() - started
+            row.status = _error(exc)
+        row.wall_s += time.perf_counter() - started
         rows.append(row)
-        torch.cuda.empty_cache()
+    for turn in range(rounds):
+        for row, calls in (ready if turn % 2 == 0 else ready[::-1]):
+            if row.status != "ok":
+                continue
+            started = time.perf_counter()
+            try:
+                seconds = _median_seconds(calls, reps)
+                row.seconds = seconds if row.seconds is None else min(row.seconds, seconds)
+            except Exception as exc:
+                row.status, row.seconds = _error(exc), None
+            row.wall_s += time.perf_counter() - started
+    for row, _ in ready:
+        if row.status == "ok":
+            row.gbps = nbytes / row.seconds / 1e9
+            row.fraction_of_copy = nbytes / row.seconds / copy
+    del ready
+    torch.cuda.empty_cache()
     return rows
+
+
+def _median_seconds(calls: Sequence, reps: int) -> float:
+    """Median time of the calls taken in turn, each on its own inputs (rotating)."""
+    current = [calls[0]]
+
+    def pick(i):
+        current[0] = calls[i % len(calls)]
+    return bench.time_fn(lambda: current[0](), warmup=5, reps=reps, before_each=pick,
+                         hide_launch=True).median_s
+
+
+def _error(exc: Exception) -> str:
+    return f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
 
 def environment() -> dict:

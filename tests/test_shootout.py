@@ -163,3 +163,26 @@ def test_a_backward_that_writes_into_dy_leaves_the_next_implementations_dy_alone
         (dx,) = call()
     assert torch.equal(t["dy"], dy_before)  # the shared inputs are untouched
     assert torch.equal(dx, 8 * dy_before)  # its own copy did change, call after call
+
+
+def test_implementations_are_timed_in_alternating_rounds_keeping_their_fastest(monkeypatch):
+    # No implementation is always the one timed first, and a slow round does not stand.
+    def fake(name):
+        def prepare(t, eps):
+            def call():
+                return shootout.expected("rmsnorm_fwd", t, eps)[0].to(t["x"].dtype)
+            call.impl = name
+            return call
+        return peers.Impl(name, "rmsnorm_fwd", prepare)
+
+    monkeypatch.setattr(peers, "implementations", lambda op: [fake("a"), fake("b")])
+    order, medians = [], iter([3.0, 1.0, 2.0, 4.0])
+
+    def median_seconds(calls, reps):
+        order.append(calls[0].impl)
+        return next(medians)
+
+    monkeypatch.setattr(shootout, "_median_seconds", median_seconds)
+    rows = shootout.run_point("rmsnorm_fwd", 4, 64, torch.float32, impls=None, reps=2, copy=1e9)
+    assert order == ["a", "b", "b", "a"]
+    assert [(r.impl, r.seconds, r.status) for r in rows] == [("a", 3.0, "ok"), ("b", 1.0, "ok")]
