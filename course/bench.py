@@ -28,6 +28,9 @@ from course import hardware, runtime
 
 import torch
 
+# Rotating inputs, and the outputs kept alive, add up to this many times the L2 cache.
+L2_MULTIPLE = 3.0
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -118,7 +121,7 @@ def result_bytes(result: Any) -> int:
     return sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
 
 
-def outputs_to_hold(output_bytes: int, *, l2_multiple: float = 3.0, cap: int = 64,
+def outputs_to_hold(output_bytes: int, *, l2_multiple: float = L2_MULTIPLE, cap: int = 64,
                     l2_bytes: int | None = None) -> int:
     """How many of a timed function's latest results `time_fn` keeps alive: enough that
     they add up to `l2_multiple` times the L2 cache (at most `cap`), none when one result
@@ -130,7 +133,7 @@ def outputs_to_hold(output_bytes: int, *, l2_multiple: float = 3.0, cap: int = 6
     return min(cap, math.ceil(l2_multiple * l2 / output_bytes))
 
 
-def copies_needed(bytes_per_call: int, *, l2_multiple: float = 3.0, cap: int = 64) -> int:
+def copies_needed(bytes_per_call: int, *, l2_multiple: float = L2_MULTIPLE, cap: int = 64) -> int:
     """How many input copies keep every repetition's data out of L2 (at least 2)."""
     l2 = hardware.l2_bytes()
     if bytes_per_call <= 0 or l2 == 0:

@@ -462,12 +462,14 @@ class TrafficCalculator(CourseWidget):
         x_dtype = traffic.as_torch_dtype(self.dtype.value)
         w_dtype = traffic.as_torch_dtype(self.weight_dtype_name or self.dtype.value)
         nbytes = self.ideal_bytes
-        needed = nbytes * (bench.copies_needed(nbytes) + 1)
+        # inputs in rotating copies, plus the recent outputs the timer keeps alive
+        needed = (nbytes * (bench.copies_needed(nbytes) + 1)
+                  + int(bench.L2_MULTIPLE * hardware.l2_bytes()))
         free = torch.cuda.mem_get_info()[0]
         if needed > 0.8 * free:
             raise ValueError(f"M = {M}, N = {N} needs about {format_bytes(needed)} of GPU memory "
-                             f"(inputs in rotating copies), but {format_bytes(free)} is free: "
-                             "choose a smaller M or N")
+                             f"(inputs in rotating copies, recent outputs kept), but "
+                             f"{format_bytes(free)} is free: choose a smaller M or N")
         make_args = self.variant.make_args
         measured = bench.measure(f"{self.kernel} {M}x{N} {self.dtype.value}", self.fn,
                                  lambda: make_args(M, N, x_dtype, w_dtype), nbytes,
