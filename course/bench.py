@@ -8,7 +8,7 @@ the timer keeps the latest outputs alive, so the allocator cannot hand a call th
 it wrote a moment ago. Written lines wait in L2 before they go to HBM, and a repetition
 that overwrites them while they wait saves those writes: on an H100, RMSNorm at
 32768 x 256 in bfloat16 (16 MB out) measured 90 % of the copy bandwidth with its output
-reused and 72 % with fresh outputs, the same as a copy of its bytes (74 %).
+reused and 72 % with fresh outputs, close to a plain copy of its bytes (74 %).
 
 Without a GPU the same functions time with the CPU clock: useful to exercise the code,
 meaningless as a measure of a kernel (Triton's interpreter runs it with NumPy).
