@@ -132,11 +132,11 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
 
 
 # Rows path, by BLOCK_N = next_power_of_2(N): (rows per tile, warps), per op. From the
-# sweeps in docs/benchmarks.md: short rows want several rows per program and few warps (a
-# program moves a few KB, and a row is reduced within one warp or two); long rows want
-# enough warps that a thread holds 16 to 32 values. RMSNorm's rows of 256: a row per warp,
-# 32 to a program (73 % of copy, level with torch.compile, against 71 % for 4 rows on one
-# warp, the winner while the timer let each call reuse the last call's output memory).
+# sweeps in docs/benchmarks.md: short rows want several rows per program, each reduced
+# within one warp or two (a program moves a few KB); long rows want enough warps that a
+# thread holds 16 to 32 values. RMSNorm's rows of 256: a row per warp, 32 to a program
+# (73 % of copy, level with torch.compile, against 71 % for 4 rows on one warp, the winner
+# while the timer let each call reuse the last call's output memory).
 _LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
 ROWS_PATH = {
     "rmsnorm": {256: (32, 32), 512: (4, 2), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
