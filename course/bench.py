@@ -17,6 +17,7 @@ meaningless as a measure of a kernel (Triton's interpreter runs it with NumPy).
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import statistics
 import time
@@ -70,14 +71,7 @@ def time_fn(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 100,
     """
     if reps < 1:
         raise ValueError(f"reps must be at least 1, got {reps}")
-    held: collections.deque | None = None
-
-    def hold(result: Any) -> None:
-        nonlocal held
-        if held is None:  # sized by the first result: every call returns the same shapes
-            held = collections.deque(maxlen=outputs_to_hold(result_bytes(result)))
-        held.append(result)
-
+    hold = output_keeper()
     enqueue_s = 0.0
     for i in range(warmup):
         if before_each is not None:
@@ -115,6 +109,20 @@ def time_fn(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 100,
     return Timing(tuple(times))
 
 
+def output_keeper() -> Callable[[Any], None]:
+    """A function that keeps the latest results it is given alive, as many as
+    `outputs_to_hold` says for the first one (every call of a timed function returns the
+    same shapes)."""
+    held: collections.deque | None = None
+
+    def hold(result: Any) -> None:
+        nonlocal held
+        if held is None:
+            held = collections.deque(maxlen=outputs_to_hold(result_bytes(result)))
+        held.append(result)
+    return hold
+
+
 def result_bytes(result: Any) -> int:
     """Bytes of the tensors a call returned: one tensor, or a tuple or list of them."""
     items = result if isinstance(result, (tuple, list)) else (result,)
@@ -146,12 +154,20 @@ def time_rotating(fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]]
                   hide_launch: bool = False) -> Timing:
     """Time `fn(*args)` with args drawn in turn from fresh copies made by `make_args()`."""
     arg_sets = [tuple(make_args()) for _ in range(copies_needed(bytes_per_call))]
-    current: list[tuple] = [arg_sets[0]]
+    return time_in_turn([functools.partial(fn, *args) for args in arg_sets], warmup=warmup,
+                        reps=reps, hide_launch=hide_launch)
+
+
+def time_in_turn(calls: Sequence[Callable[[], Any]], *, warmup: int = 10, reps: int = 100,
+                 hide_launch: bool = False) -> Timing:
+    """Time the calls taken in turn, repetition i running calls[i % len(calls)]: each call
+    bound to its own copy of the inputs, so that the inputs rotate."""
+    current = [calls[0]]
 
     def pick(i: int) -> None:
-        current[0] = arg_sets[i % len(arg_sets)]
+        current[0] = calls[i % len(calls)]
 
-    return time_fn(lambda: fn(*current[0]), warmup=warmup, reps=reps, before_each=pick,
+    return time_fn(lambda: current[0](), warmup=warmup, reps=reps, before_each=pick,
                    hide_launch=hide_launch)
 
 

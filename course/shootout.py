@@ -197,7 +197,8 @@ def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[st
                 continue
             started = time.perf_counter()
             try:
-                seconds = _median_seconds(calls, reps)
+                seconds = bench.time_in_turn(calls, warmup=5, reps=reps,
+                                             hide_launch=True).median_s
                 row.seconds = seconds if row.seconds is None else min(row.seconds, seconds)
             except Exception as exc:
                 row.status, row.seconds = _error(exc), None
@@ -209,16 +210,6 @@ def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[st
     del ready
     torch.cuda.empty_cache()
     return rows
-
-
-def _median_seconds(calls: Sequence, reps: int) -> float:
-    """Median time of the calls taken in turn, each on its own inputs (rotating)."""
-    current = [calls[0]]
-
-    def pick(i):
-        current[0] = calls[i % len(calls)]
-    return bench.time_fn(lambda: current[0](), warmup=5, reps=reps, before_each=pick,
-                         hide_launch=True).median_s
 
 
 def _error(exc: Exception) -> str:

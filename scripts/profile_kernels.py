@@ -13,7 +13,6 @@ calls. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 from pathlib import Path
 
@@ -30,13 +29,13 @@ REPS = 20
 
 def kernel_times(calls: list, reps: int = REPS) -> list[tuple[float, float, str]]:
     """(device us per call, launches per call, kernel name) for each kernel, slowest first."""
-    kept = collections.deque(maxlen=bench.outputs_to_hold(bench.result_bytes(calls[0]())))
+    keep = bench.output_keeper()
     for i in range(5):  # warm-up: compilation, autotuning, clocks
-        kept.append(calls[i % len(calls)]())
+        keep(calls[i % len(calls)]())
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(reps):
-            kept.append(calls[i % len(calls)]())
+            keep(calls[i % len(calls)]())
         torch.cuda.synchronize()
     rows = []
     for event in prof.key_averages():

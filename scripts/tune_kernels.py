@@ -169,13 +169,8 @@ def main() -> None:
             timed = []
             for plan in [default] + [c for c in cands if c != default]:
                 try:
-                    calls = [runner(op, t, plan) for t in sets]
-                    cur = [calls[0]]
-
-                    def pick(i, calls=calls, cur=cur):
-                        cur[0] = calls[i % len(calls)]
-                    tm = bench.time_fn(lambda cur=cur: cur[0](), warmup=3, reps=20,
-                                       before_each=pick, hide_launch=True)
+                    tm = bench.time_in_turn([runner(op, t, plan) for t in sets], warmup=3,
+                                            reps=20, hide_launch=True)
                     frac = nbytes / tm.median_s / copy
                     timed.append((frac, plan))
                     results.append({"op": op, "M": M, "N": N, "plan": repr(plan),

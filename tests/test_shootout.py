@@ -2,7 +2,7 @@
 the plot, and the recorded run shipped with the package."""
 
 import course  # noqa: F401  (mode first)
-from course import baselines, peers, shootout, traffic
+from course import baselines, bench, peers, shootout, traffic
 
 import pytest
 import torch
@@ -178,11 +178,11 @@ def test_implementations_are_timed_in_alternating_rounds_keeping_their_fastest(m
     monkeypatch.setattr(peers, "implementations", lambda op: [fake("a"), fake("b")])
     order, medians = [], iter([3.0, 1.0, 2.0, 4.0])
 
-    def median_seconds(calls, reps):
+    def time_in_turn(calls, **timing):
         order.append(calls[0].impl)
-        return next(medians)
+        return bench.Timing((next(medians),))
 
-    monkeypatch.setattr(shootout, "_median_seconds", median_seconds)
+    monkeypatch.setattr(bench, "time_in_turn", time_in_turn)
     rows = shootout.run_point("rmsnorm_fwd", 4, 64, torch.float32, impls=None, reps=2, copy=1e9)
     assert order == ["a", "b", "b", "a"]
     assert [(r.impl, r.seconds, r.status) for r in rows] == [("a", 3.0, "ok"), ("b", 1.0, "ok")]
