@@ -235,9 +235,9 @@ def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = Fal
     register_limit = BACKWARD_REGISTER_BLOCK // (2 if layernorm else 1)
     if not layernorm and block_n == BACKWARD_REGISTER_BLOCK:
         return BackwardPlan("rows", 1, block_n, 16, min(M, sms), reload=True)
-    short_rows = LN_BACKWARD_ROWS if layernorm else RMS_BACKWARD_ROWS
-    if block_n in short_rows:
-        block_m, warps, per_sm, sum_each_step, prefetch = short_rows[block_n]
+    rows_rules = LN_BACKWARD_ROWS if layernorm else RMS_BACKWARD_ROWS
+    if block_n in rows_rules:
+        block_m, warps, per_sm, sum_each_step, prefetch = rows_rules[block_n]
         return BackwardPlan("rows", block_m, block_n, warps, min(M, per_sm * sms),
                             sum_each_step=sum_each_step, prefetch=prefetch)
     if block_n <= register_limit:  # x, dy and the dW sums all live in registers

@@ -308,10 +308,10 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
                                                      last, cols, col_mask, stride_x_row,
                                                      stride_dy_row, BLOCK_M)
         else:
-            x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
-                        other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + r64 * stride_dy_row + cols[None, :], mask=mask,
-                         other=0.0).to(tl.float32)
+            x, dy = load_x_dy(x_ptr, dy_ptr, start, last, cols, col_mask, stride_x_row,
+                              stride_dy_row, BLOCK_M)
+            x = x.to(tl.float32)
+            dy = dy.to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
