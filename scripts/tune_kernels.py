@@ -1,6 +1,7 @@
 """Sweep the reference kernels' launch plans on the GPU in hand; print the best per shape.
 
-    python scripts/tune_kernels.py [--ops rmsnorm_fwd,rmsnorm_bwd,...] [--out DIR]
+    python scripts/tune_kernels.py [--ops rmsnorm_fwd,rmsnorm_bwd,...] [--shapes MxN,...]
+                                   [--paths rows,loop,split] [--out DIR]
 
 The winners are copied by hand into solutions/kernels/launch.py (as rules, not a table),
 and the sweep's output is summarised in docs/benchmarks.md.
@@ -30,6 +31,7 @@ from solutions.kernels.rmsnorm import rmsnorm_backward  # noqa: E402
 from solutions.kernels.sibling_sync import next_power_of_2_split  # noqa: E402
 
 P2 = [1 << i for i in range(19)]
+REGISTERS_PER_SM = 65536  # an H100's register file, in 32-bit registers
 
 
 def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
@@ -117,9 +119,12 @@ def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
             for warps in (4, 8, 16):
                 if not 8 <= chunk / (32 * warps) <= 64:
                     continue
-                for k in (1, 2):
+                for k in (1, 2, 4):  # programs per SM, if their registers let them fit
                     groups = max(1, k * sms // split)
-                    out.append(BackwardPlan("split", 1, chunk, warps, groups, split=split))
+                    fits = REGISTERS_PER_SM // (k * 32 * warps) // 8 * 8
+                    caps = (0,) + ((fits,) if 64 <= fits < 255 else ())
+                    out += [BackwardPlan("split", 1, chunk, warps, groups, split=split,
+                                         max_registers=cap) for cap in caps]
     return out
 
 
@@ -144,6 +149,8 @@ def main() -> None:
     parser.add_argument("--ops", default="rmsnorm_fwd,rmsnorm_bwd")
     parser.add_argument("--shapes", default="all")
     parser.add_argument("--min-n", type=int, default=0, help="skip shapes with fewer columns")
+    parser.add_argument("--paths", default="rows,loop,split",
+                        help="candidate plans of these paths only (the rule always runs)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     args = parser.parse_args()
     copy = hardware.copy_bandwidth()
@@ -167,7 +174,8 @@ def main() -> None:
             cands = (forward_candidates(N, sms) if op.endswith("fwd")
                      else backward_candidates(M, N, sms))
             timed = []
-            for plan in [default] + [c for c in cands if c != default]:
+            paths = args.paths.split(",")
+            for plan in [default] + [c for c in cands if c != default and c.path in paths]:
                 try:
                     tm = bench.time_in_turn([runner(op, t, plan) for t in sets], warmup=3,
                                             reps=20, hide_launch=True)

@@ -52,10 +52,27 @@ RESIDUAL_SPLIT_BLOCK = 8192
 # The backward holds x, dy and the dW sums in registers: half the forward's budget.
 BACKWARD_REGISTER_BLOCK = 16384
 BACKWARD_SPLIT_BLOCK = 8192
+# RMSNorm's split backward, 8 warps: its compiler's choice, 206 registers a thread, lets only
+# one program onto an SM, whose wait for its siblings then leaves the SM idle. Held to 128,
+# two fit: 93.3 % of copy at 4096 x 32768 against 78.0 % (docs/benchmarks.md).
+BACKWARD_SPLIT_MAX_REGISTERS = 128
+
+
+class _LaunchOptions:
+    """Keyword arguments for the kernel launch: warps, and the register cap if one is set."""
+
+    num_warps: int
+    max_registers: int
+
+    def launch_options(self) -> dict:
+        options = {"num_warps": self.num_warps}
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
+        return options
 
 
 @dataclass(frozen=True)
-class ForwardPlan:
+class ForwardPlan(_LaunchOptions):
     path: str           # "rows", "loop" or "split"
     block_m: int        # rows per tile (rows path)
     block_n: int        # columns per block (loop: pass 1's loads; split: per program)
@@ -82,15 +99,9 @@ class ForwardPlan:
     def second_block(self) -> int:
         return self.out_block or self.block_n
 
-    def launch_options(self) -> dict:
-        options = {"num_warps": self.num_warps}
-        if self.max_registers:
-            options["maxnreg"] = self.max_registers
-        return options
-
 
 @dataclass(frozen=True)
-class BackwardPlan:
+class BackwardPlan(_LaunchOptions):
     path: str           # "rows", "split" or "loop"
     block_m: int        # rows per tile inside a program
     block_n: int
@@ -102,6 +113,7 @@ class BackwardPlan:
     reload: bool = False  # rows path: read x and dy again for dx instead of keeping them
     sum_each_step: bool = False  # rows path: add up dW over each tile's rows as it goes
     prefetch: bool = False  # rows path: load the next step's x and dy before this step's math
+    max_registers: int = 0  # per thread, passed to the compiler as maxnreg (0: its choice)
 
     def rows_per_program(self, M: int) -> int:
         return math.ceil(M / self.programs)
@@ -253,6 +265,7 @@ def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = Fal
             groups = max(1, min(M, 2 * sms // split))  # two programs per SM
             return BackwardPlan("split", 1, 4096, 4, groups, split=split)
         split = next_power_of_2_split(N, BACKWARD_SPLIT_BLOCK)
-        groups = max(1, min(M, 2 * sms // split))  # two programs per SM
-        return BackwardPlan("split", 1, BACKWARD_SPLIT_BLOCK, 8, groups, split=split)
+        groups = max(1, min(M, 2 * sms // split))  # two programs per SM (the cap fits them)
+        return BackwardPlan("split", 1, BACKWARD_SPLIT_BLOCK, 8, groups, split=split,
+                            max_registers=BACKWARD_SPLIT_MAX_REGISTERS)
     return BackwardPlan("loop", 1, 4096, 8, min(M, sms))

@@ -29,12 +29,7 @@ import triton.language as tl
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
 from solutions.kernels.row_loads import load_x_dy, take_prefetched, weights_or_ones
-from solutions.kernels.sibling_sync import (
-    arrival_counters,
-    arrive_and_wait,
-    publish,
-    read_partials,
-)
+from solutions.kernels.sibling_sync import exchange_slots, publish, wait_for_pairs
 from solutions.kernels.validation import (
     as_rows,
     check_eps,
@@ -164,9 +159,9 @@ def _normalise_again(x_row_ptr, w_ptr, b_ptr, y_row_ptr, cols, mask, mean, rstd,
     tl.store(y_row_ptr + cols, y.to(y_row_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])
 def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-                               partial_ptr, arrived_ptr, M, N, stride_x_row, stride_y_row, eps,
+                               slots_ptr, epoch, M, N, stride_x_row, stride_y_row, eps,
                                HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                                STORE_STATS: tl.constexpr, HEAD: tl.constexpr,
                                SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -181,13 +176,11 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     shift = _row_shift(x_row, N, HEAD)
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     sum_d, sum_d2 = _shifted_sums(x_row, cols, cols < N, shift)
-    slots = partial_ptr + row * (2 * SPLIT)
-    publish(slots + part, sum_d)
-    publish(slots + SPLIT + part, sum_d2)
-    arrive_and_wait(arrived_ptr + row, SPLIT)
-    mean, rstd = _stats_from_shifted(tl.sum(read_partials(slots, SPLIT), axis=0),
-                                     tl.sum(read_partials(slots + SPLIT, SPLIT), axis=0),
-                                     shift, N, eps)
+    slots = slots_ptr + row * (2 * SPLIT)
+    publish(slots + 2 * part, sum_d, epoch)
+    publish(slots + 2 * part + 1, sum_d2, epoch)
+    total_d, total_d2 = wait_for_pairs(slots, epoch, SPLIT)
+    mean, rstd = _stats_from_shifted(total_d, total_d2, shift, N, eps)
     if STORE_STATS:
         if part == 0:
             tl.store(mean_ptr + row, mean)
@@ -256,9 +249,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
                                             **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
-            partials = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
-            arrived = arrival_counters(M, x.device)
-            layernorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, x2.stride(0),
+            slots, epoch = exchange_slots(2 * M * plan.split, x.device)
+            layernorm_fwd_split_kernel[grid](*args, slots, epoch, M, N, x2.stride(0),
                                              y.stride(0), eps, **flags, HEAD=HEAD,
                                              SPLIT=plan.split, BLOCK_N=plan.block_n,
                                              OUT_BLOCK=plan.second_block,
@@ -387,9 +379,9 @@ def layernorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
             tl.store(db_partial + cols, tl.load(db_partial + cols, mask=mask) + dy, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])
 def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
-                               exchange_ptr, arrived_ptr,
+                               slots_ptr, epoch,
                                M, N, stride_x_row, stride_dy_row, stride_dx_row,
                                rows_per_group, stride_partial_set,
                                HAS_WEIGHT: tl.constexpr, SPLIT: tl.constexpr,
@@ -416,18 +408,16 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
         rstd = tl.load(rstd_ptr + row)
         x_hat = tl.where(col_mask, (x - mean) * rstd, 0.0)
         g = dy * w
-        slots = exchange_ptr + row * (2 * SPLIT)
-        publish(slots + part, tl.sum(g, axis=0))
-        publish(slots + SPLIT + part, tl.sum(x_hat * g, axis=0))
+        slots = slots_ptr + row * (2 * SPLIT)
+        publish(slots + 2 * part, tl.sum(g, axis=0), epoch)
+        publish(slots + 2 * part + 1, tl.sum(x_hat * g, axis=0), epoch)
         following = row + 1
         x_next = tl.load(x_ptr + following * stride_x_row + cols,
                          mask=col_mask & (following < last), other=0.0)
         dy_next = tl.load(dy_ptr + following * stride_dy_row + cols,
                           mask=col_mask & (following < last), other=0.0)
-        arrive_and_wait(arrived_ptr + row, SPLIT)
-        mean_g = tl.sum(read_partials(slots, SPLIT), axis=0) / N
-        mean_xg = tl.sum(read_partials(slots + SPLIT, SPLIT), axis=0) / N
-        dx = (g - mean_g - x_hat * mean_xg) * rstd
+        sum_g, sum_xg = wait_for_pairs(slots, epoch, SPLIT)
+        dx = (g - sum_g / N - x_hat * (sum_xg / N)) * rstd
         tl.store(dx_ptr + row * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
                  mask=col_mask)
         dw_acc += dy * x_hat
@@ -469,11 +459,10 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
                                                num_warps=plan.num_warps,
                                                num_stages=plan.num_stages)
     elif plan.path == "split":
-        exchange = torch.empty(2 * M * plan.split, dtype=torch.float32, device=x.device)
-        arrived = arrival_counters(M, x.device)
+        slots, epoch = exchange_slots(2 * M * plan.split, x.device)
         layernorm_bwd_split_kernel[(programs * plan.split,)](
-            *common[:7], exchange, arrived, *common[7:], HAS_WEIGHT=weight is not None,
-            SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+            *common[:7], slots, epoch, *common[7:], HAS_WEIGHT=weight is not None,
+            SPLIT=plan.split, BLOCK_N=plan.block_n, **plan.launch_options())
     else:
         layernorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
                                                BLOCK_N=plan.block_n, num_warps=plan.num_warps)

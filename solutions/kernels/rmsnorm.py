@@ -24,14 +24,7 @@ import triton.language as tl
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
 from solutions.kernels.row_loads import load_x_dy, take_prefetched, weights_or_ones
-from solutions.kernels.sibling_sync import (
-    arrival_counters,
-    arrive,
-    arrive_and_wait,
-    publish,
-    read_partials,
-    wait_for_siblings,
-)
+from solutions.kernels.sibling_sync import exchange_slots, publish, wait_for_partials
 from solutions.kernels.validation import (
     as_rows,
     check_eps,
@@ -181,9 +174,9 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                              HAS_WEIGHT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])
 def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
-                             partial_ptr, arrived_ptr,
+                             slots_ptr, epoch,
                              M, N, stride_x_row, stride_res_row, stride_y_row,
                              stride_res_out_row, eps,
                              HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -201,9 +194,9 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
     x = _load_row_block(x_ptr, res_ptr, res_out_ptr, row * stride_x_row + cols,
                         row * stride_res_row + cols, row * stride_res_out_row + cols, mask,
                         HAS_RESIDUAL, READ_AGAIN=True)
-    publish(partial_ptr + row * SPLIT + part, tl.sum(x * x, axis=0))
-    arrive_and_wait(arrived_ptr + row, SPLIT)
-    rstd = tl.rsqrt(tl.sum(read_partials(partial_ptr + row * SPLIT, SPLIT), axis=0) / N + eps)
+    publish(slots_ptr + row * SPLIT + part, tl.sum(x * x, axis=0), epoch)
+    rstd = tl.rsqrt(tl.sum(wait_for_partials(slots_ptr + row * SPLIT, epoch, SPLIT), axis=0) / N
+                    + eps)
     if STORE_RSTD:
         if part == 0:
             tl.store(rstd_ptr + row, rstd)
@@ -253,9 +246,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                                           BLOCK_N=plan.block_n, **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
-            partials = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
-            arrived = arrival_counters(M, x.device)
-            rmsnorm_fwd_split_kernel[grid](*args, partials, arrived, M, N, *strides, eps,
+            slots, epoch = exchange_slots(M * plan.split, x.device)
+            rmsnorm_fwd_split_kernel[grid](*args, slots, epoch, M, N, *strides, eps,
                                            **flags, RELOAD=plan.reload, SPLIT=plan.split,
                                            BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
                                            **plan.launch_options())
@@ -381,55 +373,47 @@ def rmsnorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
             tl.store(partial + cols, dw + dy * x_hat, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])
 def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
-                             partial_ptr, arrived_ptr,
+                             slots_ptr, epoch,
                              M, N, stride_x_row, stride_dy_row, stride_dx_row,
                              HAS_WEIGHT: tl.constexpr, SPLIT: tl.constexpr,
                              BLOCK_N: tl.constexpr):
     # Long rows: G groups of SPLIT programs; group g takes rows g, g + G, g + 2G, ... and
     # each of its programs owns BLOCK_N columns (its dW sums stay in registers). Step i
     # loads row i, publishes its part of sum(x_hat * g), and only then finishes row i - 1:
-    # waits for that row's exchange, which has had a whole row's loads to complete, reads
-    # x and dy again (from L1 or L2) and stores dx.
+    # waits for that row's sums, which have had a whole row's loads to arrive, reads x and
+    # dy again (from L1 or L2) and stores dx.
     pid = tl.program_id(0)
     groups = tl.num_programs(0) // SPLIT
     group = pid // SPLIT
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     my_rows = tl.cdiv(M - group, groups)
-    prev_start = 0  # where row i - 1's counter stood, and what this program left there
-    prev_seen = 0
     for i in range(0, my_rows + 1):
         row = (group + i * groups).to(tl.int64)
-        start = prev_start
-        seen = prev_seen
         if i < my_rows:
             x = tl.load(x_ptr + row * stride_x_row + cols, mask=col_mask, other=0.0,
                         eviction_policy="evict_last").to(tl.float32)
             dy = tl.load(dy_ptr + row * stride_dy_row + cols, mask=col_mask, other=0.0,
                          eviction_policy="evict_last").to(tl.float32)
-            g = dy * weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
-            publish(partial_ptr + row * SPLIT + part, tl.sum(x * g, axis=0))
-            start, seen = arrive(arrived_ptr + row, SPLIT)
+            publish(slots_ptr + row * SPLIT + part, tl.sum(x * dy * w, axis=0), epoch)
         if i > 0:
             prev = row - groups
-            wait_for_siblings(arrived_ptr + prev, prev_start, prev_seen)
             rstd = tl.load(rstd_ptr + prev)
             # sum(x_hat * g) / N, with x_hat = x * rstd
-            c = tl.sum(read_partials(partial_ptr + prev * SPLIT, SPLIT), axis=0) * rstd / N
+            c = tl.sum(wait_for_partials(slots_ptr + prev * SPLIT, epoch, SPLIT),
+                       axis=0) * rstd / N
             x_hat = tl.load(x_ptr + prev * stride_x_row + cols, mask=col_mask, other=0.0,
                             eviction_policy="evict_first").to(tl.float32) * rstd
             dy = tl.load(dy_ptr + prev * stride_dy_row + cols, mask=col_mask, other=0.0,
                          eviction_policy="evict_first").to(tl.float32)
-            g = dy * weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             tl.store(dx_ptr + prev * stride_dx_row + cols,
-                     ((g - x_hat * c) * rstd).to(dx_ptr.dtype.element_ty), mask=col_mask)
+                     ((dy * w - x_hat * c) * rstd).to(dx_ptr.dtype.element_ty), mask=col_mask)
             dw_acc += dy * x_hat
-        prev_start = start
-        prev_seen = seen
     tl.store(dw_partial_ptr + group.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
 
 
@@ -466,11 +450,10 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
                                              BLOCK_N=plan.block_n, num_warps=plan.num_warps,
                                              num_stages=plan.num_stages)
     elif plan.path == "split":
-        exchange = torch.empty(M * plan.split, dtype=torch.float32, device=x.device)
-        arrived = arrival_counters(M, x.device)
+        slots, epoch = exchange_slots(M * plan.split, x.device)
         rmsnorm_bwd_split_kernel[(programs * plan.split,)](
-            *common[:6], exchange, arrived, *common[6:-1], HAS_WEIGHT=weight is not None,
-            SPLIT=plan.split, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+            *common[:6], slots, epoch, *common[6:-1], HAS_WEIGHT=weight is not None,
+            SPLIT=plan.split, BLOCK_N=plan.block_n, **plan.launch_options())
     else:
         rmsnorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
                                              BLOCK_N=plan.block_n, num_warps=plan.num_warps)
