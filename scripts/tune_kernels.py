@@ -151,8 +151,10 @@ def main() -> None:
     parser.add_argument("--min-n", type=int, default=0, help="skip shapes with fewer columns")
     parser.add_argument("--paths", default="rows,loop,split",
                         help="candidate plans of these paths only (the rule always runs)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     copy = hardware.copy_bandwidth()
     sms = launch.sm_count(0)
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs", flush=True)
@@ -163,14 +165,16 @@ def main() -> None:
         for M, N in shapes:
             if (op.endswith("_bwd") and N > 65536) or N < args.min_n:
                 continue
-            nbytes = shootout.ideal_bytes(op, M, N, torch.bfloat16)
-            sets = [shootout.make_inputs(op, M, N, torch.bfloat16, seed=s)
+            nbytes = shootout.ideal_bytes(op, M, N, dtype)
+            sets = [shootout.make_inputs(op, M, N, dtype, seed=s)
                     for s in range(bench.copies_needed(nbytes))]
             device = sets[0]["x"].device
-            default = (launch.forward_plan(M, N, device, residual=op == "add_rmsnorm_fwd",
+            default = (launch.forward_plan(M, N, device, element_size=dtype.itemsize,
+                                           residual=op == "add_rmsnorm_fwd",
                                            layernorm=op == "layernorm_fwd")
                        if op.endswith("fwd") else
-                       launch.backward_plan(M, N, device, layernorm=op.startswith("layernorm")))
+                       launch.backward_plan(M, N, device, dtype=dtype,
+                                            layernorm=op.startswith("layernorm")))
             cands = (forward_candidates(N, sms) if op.endswith("fwd")
                      else backward_candidates(M, N, sms))
             timed = []
@@ -181,13 +185,14 @@ def main() -> None:
                                             reps=20, hide_launch=True)
                     frac = nbytes / tm.median_s / copy
                     timed.append((frac, plan))
-                    results.append({"op": op, "M": M, "N": N, "plan": repr(plan),
+                    results.append({"op": op, "dtype": args.dtype, "M": M, "N": N,
+                                    "plan": repr(plan),
                                      "fraction": frac, "default": plan == default})
                 except Exception as exc:
                     print(f"  {plan}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
             timed.sort(key=lambda p: -p[0])
             dflt = next(f for f, p in timed if p == default) if timed else float("nan")
-            print(f"{op} {M}x{N}: default {100 * dflt:.1f}% | best " + " | ".join(
+            print(f"{op} {args.dtype} {M}x{N}: default {100 * dflt:.1f}% | best " + " | ".join(
                 f"{100 * f:.1f}% {p}" for f, p in timed[:3]), flush=True)
             del sets
             torch.cuda.empty_cache()

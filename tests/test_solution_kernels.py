@@ -179,8 +179,9 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
             # values a thread loads at once: beyond 64 float32 they would spill
             assert plan.block_m * plan.block_n <= 64 * 32 * plan.num_warps, where
         for n in lengths[: lengths.index(65537)]:
-            bwd = backward_plan(4096, n, gpu, layernorm=op == "layernorm")
-            assert bwd.block_n * bwd.split >= n, f"{op} backward, N = {n}: {bwd}"
+            for dtype in DTYPES:
+                bwd = backward_plan(4096, n, gpu, dtype=dtype, layernorm=op == "layernorm")
+                assert bwd.block_n * bwd.split >= n, f"{op} backward, N = {n}, {dtype}: {bwd}"
 
 
 def test_backward_is_deterministic():

@@ -51,11 +51,14 @@ SPLIT_MAX_REGISTERS = 64
 RESIDUAL_SPLIT_BLOCK = 8192
 # The backward holds x, dy and the dW sums in registers: half the forward's budget.
 BACKWARD_REGISTER_BLOCK = 16384
-BACKWARD_SPLIT_BLOCK = 8192
-# RMSNorm's split backward, 8 warps: its compiler's choice, 206 registers a thread, lets only
-# one program onto an SM, whose wait for its siblings then leaves the SM idle. Held to 128,
-# two fit: 93.3 % of copy at 4096 x 32768 against 78.0 % (docs/benchmarks.md).
-BACKWARD_SPLIT_MAX_REGISTERS = 128
+# RMSNorm's split backward, two programs per SM, by input dtype: (columns a program, warps,
+# registers a thread or 0). Swept at 4096 x 32768 (docs/benchmarks.md). For bfloat16 the
+# compiler's choice at 8 warps, 206 registers, lets one program onto an SM, which then idles
+# while it waits for its siblings; held to 128, two fit: 93.2 % of copy against 69.6 %.
+# Float16 measured best on 4 warps without a cap (92.3 %; the bfloat16 rule 83.5 %), float32
+# on 4096 columns and 16 warps (98.2 %; the bfloat16 rule 60.7 %).
+RMS_BACKWARD_SPLIT = {torch.bfloat16: (8192, 8, 128), torch.float16: (8192, 4, 0),
+                      torch.float32: (4096, 16, 0)}
 
 
 class _LaunchOptions:
@@ -231,8 +234,8 @@ LN_BACKWARD_ROWS = {256: (8, 2, 4, False, False), 512: (4, 2, 4, False, True),
                     1024: (2, 4, 4, False, True)}
 
 
-def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = False
-                  ) -> BackwardPlan:
+def backward_plan(M: int, N: int, device: torch.device, *,
+                  dtype: torch.dtype = torch.bfloat16, layernorm: bool = False) -> BackwardPlan:
     """The split size (programs P) trades parallelism against the P*N*4 bytes of partial
     sums written and read again: enough programs to fill the GPU once or twice, no more.
     LayerNorm's backward carries two more float32 sums per column, so it leaves the
@@ -264,8 +267,9 @@ def backward_plan(M: int, N: int, device: torch.device, *, layernorm: bool = Fal
             split = next_power_of_2_split(N, 4096)
             groups = max(1, min(M, 2 * sms // split))  # two programs per SM
             return BackwardPlan("split", 1, 4096, 4, groups, split=split)
-        split = next_power_of_2_split(N, BACKWARD_SPLIT_BLOCK)
-        groups = max(1, min(M, 2 * sms // split))  # two programs per SM (the cap fits them)
-        return BackwardPlan("split", 1, BACKWARD_SPLIT_BLOCK, 8, groups, split=split,
-                            max_registers=BACKWARD_SPLIT_MAX_REGISTERS)
+        block, warps, registers = RMS_BACKWARD_SPLIT[dtype]
+        split = next_power_of_2_split(N, block)
+        groups = max(1, min(M, 2 * sms // split))  # two programs per SM
+        return BackwardPlan("split", 1, block, warps, groups, split=split,
+                            max_registers=registers)
     return BackwardPlan("loop", 1, 4096, 8, min(M, sms))

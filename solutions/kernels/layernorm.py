@@ -443,7 +443,7 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     if M == 0:
         zeros = torch.zeros(2, N, dtype=param_dtype, device=x.device)
         return dx.view(x.shape), zeros[0], zeros[1]
-    plan = plan or backward_plan(M, N, x.device, layernorm=True)
+    plan = plan or backward_plan(M, N, x.device, dtype=x.dtype, layernorm=True)
     check_path_runs_here(plan.path, x.device)
     rows_per_program = plan.rows_per_program(M)
     programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path

@@ -430,7 +430,7 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     if M == 0:
         dw = torch.zeros_like(weight) if weight is not None else None
         return dx.view(x.shape), dw
-    plan = plan or backward_plan(M, N, x.device)
+    plan = plan or backward_plan(M, N, x.device, dtype=x.dtype)
     check_path_runs_here(plan.path, x.device)
     rows_per_program = plan.rows_per_program(M)
     programs = triton.cdiv(M, rows_per_program)
