@@ -1,7 +1,7 @@
 """Sweep the reference kernels' launch plans on the GPU in hand; print the best per shape.
 
     python scripts/tune_kernels.py [--ops rmsnorm_fwd,rmsnorm_bwd,...] [--shapes MxN,...]
-                                   [--paths rows,loop,split] [--out DIR]
+                                   [--paths rows,loop,split] [--dtype bfloat16] [--out DIR]
 
 The winners are copied by hand into solutions/kernels/launch.py (as rules, not a table),
 and the sweep's output is summarised in docs/benchmarks.md.
@@ -186,8 +186,8 @@ def main() -> None:
                     frac = nbytes / tm.median_s / copy
                     timed.append((frac, plan))
                     results.append({"op": op, "dtype": args.dtype, "M": M, "N": N,
-                                    "plan": repr(plan),
-                                     "fraction": frac, "default": plan == default})
+                                    "plan": repr(plan), "fraction": frac,
+                                    "default": plan == default})
                 except Exception as exc:
                     print(f"  {plan}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
             timed.sort(key=lambda p: -p[0])

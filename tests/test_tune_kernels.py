@@ -1,0 +1,34 @@
+"""scripts/tune_kernels.py's candidate plans (the sweep itself needs a GPU)."""
+
+import math
+import sys
+from pathlib import Path
+
+import course  # noqa: F401  (mode first)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import tune_kernels  # noqa: E402
+
+SMS = 132
+
+
+def test_a_backward_register_cap_is_what_lets_its_programs_share_an_sm():
+    plans = [p for p in tune_kernels.backward_candidates(4096, 32768, SMS) if p.path == "split"]
+    capped = [p for p in plans if p.max_registers]
+    assert capped, "no capped candidate at 32768 columns"
+    for p in capped:
+        programs_per_sm = math.ceil(p.programs * p.split / SMS)
+        threads_per_sm = programs_per_sm * 32 * p.num_warps
+        assert threads_per_sm * p.max_registers <= tune_kernels.REGISTERS_PER_SM, p
+        assert p.max_registers >= 64, p
+    # every capped plan is also swept without its cap
+    assert all(any(q == type(p)(**{**p.__dict__, "max_registers": 0}) for q in plans)
+               for p in capped)
+
+
+def test_split_candidates_cover_the_row():
+    for n in (16384, 32768, 65536):
+        for p in tune_kernels.backward_candidates(8192, n, SMS):
+            assert p.block_n * p.split >= n, p
