@@ -31,7 +31,7 @@ from solutions.kernels.rmsnorm import rmsnorm_backward  # noqa: E402
 from solutions.kernels.sibling_sync import next_power_of_2_split  # noqa: E402
 
 P2 = [1 << i for i in range(19)]
-REGISTERS_PER_SM = 65536  # an H100's register file, in 32-bit registers
+REGISTERS_PER_SM = 65536  # an H100's register file, in 32-bit registers (the default)
 
 
 def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
@@ -91,7 +91,8 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
     return out
 
 
-def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
+def backward_candidates(M: int, N: int, sms: int, registers_per_sm: int = REGISTERS_PER_SM
+                        ) -> list[BackwardPlan]:
     block_n = 1 << (N - 1).bit_length()
     out = []
     if block_n <= 16384:
@@ -121,7 +122,7 @@ def backward_candidates(M: int, N: int, sms: int) -> list[BackwardPlan]:
                     continue
                 for k in (1, 2, 4):  # programs per SM, if their registers let them fit
                     groups = max(1, k * sms // split)
-                    fits = REGISTERS_PER_SM // (k * 32 * warps) // 8 * 8
+                    fits = registers_per_sm // (k * 32 * warps) // 8 * 8
                     caps = (0,) + ((fits,) if 64 <= fits < 255 else ())
                     out += [BackwardPlan("split", 1, chunk, warps, groups, split=split,
                                          max_registers=cap) for cap in caps]
@@ -157,6 +158,8 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     copy = hardware.copy_bandwidth()
     sms = launch.sm_count(0)
+    registers = getattr(torch.cuda.get_device_properties(0), "regs_per_multiprocessor",
+                        REGISTERS_PER_SM)
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs", flush=True)
     results = []
     shapes = shootout.SHAPES if args.shapes == "all" else [
@@ -176,7 +179,7 @@ def main() -> None:
                        launch.backward_plan(M, N, device, dtype=dtype,
                                             layernorm=op.startswith("layernorm")))
             cands = (forward_candidates(N, sms) if op.endswith("fwd")
-                     else backward_candidates(M, N, sms))
+                     else backward_candidates(M, N, sms, registers))
             timed = []
             paths = args.paths.split(",")
             for plan in [default] + [c for c in cands if c != default and c.path in paths]:
