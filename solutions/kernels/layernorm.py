@@ -28,7 +28,12 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
-from solutions.kernels.row_loads import load_x_dy, take_prefetched, weights_or_ones
+from solutions.kernels.row_loads import (
+    bias_or_zeros,
+    load_x_dy,
+    take_prefetched,
+    weights_or_ones,
+)
 from solutions.kernels.sibling_sync import exchange_slots, publish, wait_for_pairs
 from solutions.kernels.validation import (
     as_rows,
@@ -43,9 +48,9 @@ from solutions.kernels.validation import (
 @triton.jit
 def _affine(y, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = y * weights_or_ones(w_ptr, cols, mask, True)
     if HAS_BIAS:
-        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = y + bias_or_zeros(b_ptr, cols, mask, True)
     return y
 
 
@@ -59,15 +64,15 @@ def _normalise_tile(x, mask, N, eps):
 
 
 @triton.jit
-def _store_layernorm_rows(x, rows, r64, mask, cols, col_mask, w_ptr, b_ptr, y_ptr, mean_ptr,
-                          rstd_ptr, M, N, stride_y_row, eps, HAS_WEIGHT: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr):
-    """Normalise a float32 tile of whole rows and store it (and the statistics)."""
+def _store_layernorm_rows(x, rows, r64, mask, cols, w, b, y_ptr, mean_ptr, rstd_ptr, M, N,
+                          stride_y_row, eps, STORE_STATS: tl.constexpr):
+    """Normalise a float32 tile of whole rows, apply w and b (float32, loaded by the
+    caller), and store it (and the statistics)."""
     x_hat, mean, rstd = _normalise_tile(x, mask, N, eps)
     if STORE_STATS:
         tl.store(mean_ptr + rows, mean, mask=rows < M)
         tl.store(rstd_ptr + rows, rstd, mask=rows < M)
-    y = _affine(x_hat, w_ptr, b_ptr, cols[None, :], col_mask[None, :], HAS_WEIGHT, HAS_BIAS)
+    y = x_hat * w[None, :] + b[None, :]
     tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=mask)
 
@@ -88,11 +93,15 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     r64 = rows.to(tl.int64)[:, None]
     mask = (rows < M)[:, None] & col_mask[None, :]
     if not PREFETCH:
+        # w and b first, kept in L2: their loads are in flight beside x's (32768 x 512:
+        # 83.7 and 84.0 % of copy in two runs, against 82.7 and 82.6 % loading them
+        # after the reduction without evict_last)
+        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+        b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
         x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
                     other=0.0).to(tl.float32)
-        _store_layernorm_rows(x, rows, r64, mask, cols, col_mask, w_ptr, b_ptr, y_ptr,
-                              mean_ptr, rstd_ptr, M, N, stride_y_row, eps, HAS_WEIGHT,
-                              HAS_BIAS, STORE_STATS)
+        _store_layernorm_rows(x, rows, r64, mask, cols, w, b, y_ptr, mean_ptr, rstd_ptr, M, N,
+                              stride_y_row, eps, STORE_STATS)
     else:
         n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
@@ -105,9 +114,12 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
             x_next = tl.load(x_ptr + ahead.to(tl.int64)[:, None] * stride_x_row
                              + cols[None, :], mask=(ahead < M)[:, None] & col_mask[None, :],
                              other=0.0)
-            _store_layernorm_rows(x, rows, r64, mask, cols, col_mask, w_ptr, b_ptr, y_ptr,
-                                  mean_ptr, rstd_ptr, M, N, stride_y_row, eps, HAS_WEIGHT,
-                                  HAS_BIAS, STORE_STATS)
+            # Loaded a tile at a time: held across the loop they measured 68.2 and 68.9 %
+            # of copy at 32768 x 256, against 70.9 and 71.1 % loaded here
+            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
+            _store_layernorm_rows(x, rows, r64, mask, cols, w, b, y_ptr, mean_ptr, rstd_ptr,
+                                  M, N, stride_y_row, eps, STORE_STATS)
 
 
 # The split path's shift: the mean of a row's first HEAD values (see the module docstring).
@@ -356,7 +368,7 @@ def layernorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
             g = tl.load(dy_ptr + r64 * stride_dy_row + cols, mask=mask,
                         other=0.0).to(tl.float32)
             if HAS_WEIGHT:
-                g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                g = g * weights_or_ones(w_ptr, cols, mask, True)
             acc_g += g
             acc_xg += tl.where(mask, (x - mean) * rstd, 0.0) * g
         mean_g = tl.sum(acc_g, axis=0) / N
@@ -370,7 +382,7 @@ def layernorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
             x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
             g = dy
             if HAS_WEIGHT:
-                g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                g = dy * weights_or_ones(w_ptr, cols, mask, True)
             dx = (g - mean_g - x_hat * mean_xg) * rstd
             tl.store(dx_ptr + r64 * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
                      mask=mask)

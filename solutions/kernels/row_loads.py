@@ -10,10 +10,23 @@ import triton.language as tl
 
 @triton.jit
 def weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
-    """The weight's columns in float32, or ones (zeros past N) when there is no weight."""
+    """The weight's columns in float32, or ones (zeros past N) when there is no weight.
+    Every program reads the same weights while the rows stream past them, so L2 is asked
+    to keep them (`evict_last`): otherwise the stream evicts them and programs wait on HBM
+    for a few bytes (LayerNorm at 32768 x 512 measured 1 to 2 points of copy slower)."""
     if HAS_WEIGHT:
-        return tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        return tl.load(w_ptr + cols, mask=col_mask, other=0.0,
+                       eviction_policy="evict_last").to(tl.float32)
     return tl.where(col_mask, 1.0, 0.0)
+
+
+@triton.jit
+def bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS: tl.constexpr):
+    """The bias's columns in float32 (kept in L2 as the weights are), or zeros."""
+    if HAS_BIAS:
+        return tl.load(b_ptr + cols, mask=col_mask, other=0.0,
+                       eviction_policy="evict_last").to(tl.float32)
+    return tl.zeros(cols.shape, tl.float32)
 
 
 @triton.jit
