@@ -47,10 +47,13 @@ from solutions.kernels.validation import (
 
 @triton.jit
 def _affine(y, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # Plain loads: asked to keep them (evict_last), the long rows of the loop and split
+    # paths lost the row they read again from L1 (float32 at 4096 x 32768: 87.7 % of copy
+    # against 95.1 %)
     if HAS_WEIGHT:
-        y = y * weights_or_ones(w_ptr, cols, mask, True)
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        y = y + bias_or_zeros(b_ptr, cols, mask, True)
+        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     return y
 
 
@@ -64,17 +67,20 @@ def _normalise_tile(x, mask, N, eps):
 
 
 @triton.jit
-def _store_layernorm_rows(x, rows, r64, mask, cols, w, b, y_ptr, mean_ptr, rstd_ptr, M, N,
-                          stride_y_row, eps, STORE_STATS: tl.constexpr):
-    """Normalise a float32 tile of whole rows, apply w and b (float32, loaded by the
-    caller), and store it (and the statistics)."""
-    x_hat, mean, rstd = _normalise_tile(x, mask, N, eps)
+def _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr, mean_ptr,
+                          rstd_ptr, M, stride_y_row, STORE_STATS: tl.constexpr):
+    """Apply w and b (float32) to a normalised tile of whole rows and store it (and the
+    statistics)."""
     if STORE_STATS:
         tl.store(mean_ptr + rows, mean, mask=rows < M)
         tl.store(rstd_ptr + rows, rstd, mask=rows < M)
     y = x_hat * w[None, :] + b[None, :]
     tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
              mask=mask)
+
+
+# Rows kernel: the longest rows whose weight and bias are loaded before x (see below).
+PARAMS_FIRST_MAX_N = tl.constexpr(4096)
 
 
 @triton.jit
@@ -92,16 +98,23 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]
     mask = (rows < M)[:, None] & col_mask[None, :]
-    if not PREFETCH:
-        # w and b first, kept in L2: their loads are in flight beside x's (32768 x 512:
-        # 83.7 and 84.0 % of copy in two runs, against 82.7 and 82.6 % loading them
-        # after the reduction without evict_last)
+    # Short rows load w and b first, kept in L2, so their loads fly beside x's (32768 x
+    # 512: 83.7 and 84.0 % of copy in two runs, against 82.7 and 82.6 % loading them after
+    # the reduction without evict_last). Long rows load them after the reduction: held
+    # through it, rows of 32768 on 32 warps ran out of registers (65.6 % against 96.3 %).
+    params_first: tl.constexpr = BLOCK_N <= PARAMS_FIRST_MAX_N and not PREFETCH
+    if params_first:
         w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
         b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
+    if not PREFETCH:
         x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
                     other=0.0).to(tl.float32)
-        _store_layernorm_rows(x, rows, r64, mask, cols, w, b, y_ptr, mean_ptr, rstd_ptr, M, N,
-                              stride_y_row, eps, STORE_STATS)
+        x_hat, mean, rstd = _normalise_tile(x, mask, N, eps)
+        if not params_first:
+            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
+        _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr,
+                              mean_ptr, rstd_ptr, M, stride_y_row, STORE_STATS)
     else:
         n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
@@ -114,12 +127,13 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
             x_next = tl.load(x_ptr + ahead.to(tl.int64)[:, None] * stride_x_row
                              + cols[None, :], mask=(ahead < M)[:, None] & col_mask[None, :],
                              other=0.0)
-            # Loaded a tile at a time: held across the loop they measured 68.2 and 68.9 %
-            # of copy at 32768 x 256, against 70.9 and 71.1 % loaded here
+            x_hat, mean, rstd = _normalise_tile(x, mask, N, eps)
+            # A tile at a time: held across the loop (with evict_last) they measured 68.2
+            # and 68.9 % of copy at 32768 x 256, against 70.3 and 71.6 % for plain loads here
             w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
-            _store_layernorm_rows(x, rows, r64, mask, cols, w, b, y_ptr, mean_ptr, rstd_ptr,
-                                  M, N, stride_y_row, eps, STORE_STATS)
+            _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr,
+                                  mean_ptr, rstd_ptr, M, stride_y_row, STORE_STATS)
 
 
 # The split path's shift: the mean of a row's first HEAD values (see the module docstring).
@@ -368,7 +382,7 @@ def layernorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
             g = tl.load(dy_ptr + r64 * stride_dy_row + cols, mask=mask,
                         other=0.0).to(tl.float32)
             if HAS_WEIGHT:
-                g = g * weights_or_ones(w_ptr, cols, mask, True)
+                g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             acc_g += g
             acc_xg += tl.where(mask, (x - mean) * rstd, 0.0) * g
         mean_g = tl.sum(acc_g, axis=0) / N
@@ -382,7 +396,7 @@ def layernorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
             x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
             g = dy
             if HAS_WEIGHT:
-                g = dy * weights_or_ones(w_ptr, cols, mask, True)
+                g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             dx = (g - mean_g - x_hat * mean_xg) * rstd
             tl.store(dx_ptr + r64 * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
                      mask=mask)

@@ -136,7 +136,7 @@ def _normalise_again(src_ptr, w_ptr, y_ptr, cols, mask, rstd, HAS_WEIGHT: tl.con
     x = tl.load(src_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_first")
     y = x.to(tl.float32) * rstd
     if HAS_WEIGHT:
-        y = y * weights_or_ones(w_ptr, cols, mask, True)
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -213,7 +213,7 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
     else:
         y = x * rstd
         if HAS_WEIGHT:
-            y = y * weights_or_ones(w_ptr, cols, mask, True)
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -353,7 +353,7 @@ def rmsnorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
             dy = tl.load(dy_ptr + r64 * stride_dy_row + cols, mask=mask,
                          other=0.0).to(tl.float32)
             if HAS_WEIGHT:
-                dy = dy * weights_or_ones(w_ptr, cols, mask, True)
+                dy = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             acc += x * dy
         c = tl.sum(acc, axis=0) * rstd / N
         for start in range(0, N, BLOCK_N):
@@ -365,7 +365,7 @@ def rmsnorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
                          other=0.0).to(tl.float32)
             g = dy
             if HAS_WEIGHT:
-                g = dy * weights_or_ones(w_ptr, cols, mask, True)
+                g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             dx = (g - x_hat * c) * rstd
             tl.store(dx_ptr + r64 * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
                      mask=mask)
