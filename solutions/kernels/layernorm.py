@@ -48,8 +48,8 @@ from solutions.kernels.validation import (
 @triton.jit
 def _affine(y, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
     # Plain loads: asked to keep them (evict_last), the long rows of the loop and split
-    # paths lost the row they read again from L1 (float32 at 4096 x 32768: 87.7 % of copy
-    # against 95.1 %)
+    # paths, which read the row a second time here, ran slower (float32 at 4096 x 32768:
+    # 87.7 % of copy against 95.1 %; not profiled further)
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -101,7 +101,7 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # Short rows load w and b first, kept in L2, so their loads fly beside x's (32768 x
     # 512: 83.7 and 84.0 % of copy in two runs, against 82.7 and 82.6 % loading them after
     # the reduction without evict_last). Long rows load them after the reduction: held
-    # through it, rows of 32768 on 32 warps ran out of registers (65.6 % against 96.3 %).
+    # through it, rows of 32768 on 32 warps spilled more (65.6 % against 96.3 %).
     params_first: tl.constexpr = BLOCK_N <= PARAMS_FIRST_MAX_N and not PREFETCH
     if params_first:
         w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
