@@ -15,8 +15,8 @@ import torch
 from solutions import kernels
 from solutions.kernels.column_sums import SUM_ROWS, column_sums
 from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
+from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, layernorm_backward
 from solutions.kernels.layernorm import _forward as layernorm_forward
-from solutions.kernels.layernorm import layernorm_backward
 from solutions.kernels.rmsnorm import _forward as rmsnorm_forward
 from solutions.kernels.rmsnorm import rmsnorm_backward
 from solutions.kernels.sibling_sync import next_power_of_2_split
@@ -87,6 +87,25 @@ def test_layernorm_survives_a_mean_ten_thousand_times_the_spread():
     err = (y.double() - reference.layernorm(x, w, b)).abs().max().item()
     # the input itself is rounded to float32 at 1e4 (ulp 1e-3): y can be no better than that
     assert err < 5e-3, err
+
+
+@pytest.mark.parametrize("n", [300, 5000], ids=["params-first", "params-after"])
+@pytest.mark.parametrize("affine", [True, False], ids=["weight-and-bias", "neither"])
+def test_layernorm_rows_kernel_loads_its_parameters_before_or_after_the_reduction(n, affine):
+    # Rows up to PARAMS_FIRST_MAX_N columns load w and b before x; longer ones after the
+    # reduction (held through it they spill). Both orders, with and without parameters.
+    block_n = 1 << (n - 1).bit_length()
+    assert (block_n <= PARAMS_FIRST_MAX_N.value) == (n == 300)
+    x = _x((5, n), torch.float32, mean=3.0)
+    w, b = _w(n, torch.float32), _x(n, torch.float32, seed=3)
+    plan = ForwardPlan("rows", 2, block_n, 4)
+    y, mean, rstd = layernorm_forward(x, w if affine else None, b if affine else None, 1e-5,
+                                      True, plan)
+    want_w, want_b = (w, b) if affine else (torch.ones_like(w), torch.zeros_like(b))
+    _assert_close("y", y, reference.layernorm(x, want_w, want_b), torch.float32)
+    want_mean, want_rstd = reference.layernorm_stats(x)
+    _assert_close("mean", mean, want_mean, torch.float32)
+    _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
 @pytest.mark.parametrize("plan", [LOOP_FWD, WHOLE_ROW_LOOP_FWD, ROW_PER_PROGRAM_LOOP_FWD],
