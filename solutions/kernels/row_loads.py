@@ -11,9 +11,10 @@ import triton.language as tl
 @triton.jit
 def weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
     """The weight's columns in float32, or ones (zeros past N) when there is no weight.
-    Every program reads the same weights while the rows stream past them, so L2 is asked
-    to keep them (`evict_last`): otherwise the stream evicts them and programs wait on HBM
-    for a few bytes (LayerNorm at 32768 x 512 measured 1 to 2 points of copy slower)."""
+    Every program reads the same weights while the rows stream through L2, so L2 is asked
+    to keep them (`evict_last`): LayerNorm at 32768 x 512, each call on its own rotating
+    inputs, measured 1 to 2 points of copy faster for it (with the loads moved first).
+    Weights read again beside a row's second read take plain loads (layernorm._affine)."""
     if HAS_WEIGHT:
         return tl.load(w_ptr + cols, mask=col_mask, other=0.0,
                        eviction_policy="evict_last").to(tl.float32)
