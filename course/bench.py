@@ -21,7 +21,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +156,13 @@ def time_rotating(fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]]
     arg_sets = [tuple(make_args()) for _ in range(copies_needed(bytes_per_call))]
     return time_in_turn([functools.partial(fn, *args) for args in arg_sets], warmup=warmup,
                         reps=reps, hide_launch=hide_launch)
+
+
+def in_alternating_order(items: Sequence[Any], rounds: int) -> Iterator[Any]:
+    """Each item once a round for `rounds` rounds, every other round in reverse order, so
+    that no item is always the one timed first (right after the inputs were made)."""
+    for turn in range(rounds):
+        yield from (items if turn % 2 == 0 else items[::-1])
 
 
 def time_in_turn(calls: Sequence[Callable[[], Any]], *, warmup: int = 10, reps: int = 100,

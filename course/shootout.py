@@ -191,18 +191,16 @@ def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[st
             row.status = _error(exc)
         row.wall_s += time.perf_counter() - started
         rows.append(row)
-    for turn in range(rounds):
-        for row, calls in (ready if turn % 2 == 0 else ready[::-1]):
-            if row.status != "ok":
-                continue
-            started = time.perf_counter()
-            try:
-                seconds = bench.time_in_turn(calls, warmup=5, reps=reps,
-                                             hide_launch=True).median_s
-                row.seconds = seconds if row.seconds is None else min(row.seconds, seconds)
-            except Exception as exc:
-                row.status, row.seconds = _error(exc), None
-            row.wall_s += time.perf_counter() - started
+    for row, calls in bench.in_alternating_order(ready, rounds):
+        if row.status != "ok":
+            continue
+        started = time.perf_counter()
+        try:
+            seconds = bench.time_in_turn(calls, warmup=5, reps=reps, hide_launch=True).median_s
+            row.seconds = seconds if row.seconds is None else min(row.seconds, seconds)
+        except Exception as exc:
+            row.status, row.seconds = _error(exc), None
+        row.wall_s += time.perf_counter() - started
     for row, _ in ready:
         if row.status == "ok":
             row.gbps = nbytes / row.seconds / 1e9

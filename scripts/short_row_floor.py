@@ -100,15 +100,12 @@ def candidates(M: int, N: int) -> dict[str, MakeCall]:
 
 
 def best_medians(calls: dict[str, list[Callable[[], object]]], rounds: int) -> dict[str, float]:
-    """The best median time of each name's calls over `rounds` rounds, every other round in
-    reverse order (as `shootout.run_point` does)."""
+    """The best median time of each name's calls over `rounds` rounds, taken in the order
+    `course bench` times its implementations (`bench.in_alternating_order`)."""
     best: dict[str, float] = {}
-    names = list(calls)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            seconds = bench.time_in_turn(calls[name], warmup=5, reps=40,
-                                         hide_launch=True).median_s
-            best[name] = min(best.get(name, seconds), seconds)
+    for name in bench.in_alternating_order(list(calls), rounds):
+        seconds = bench.time_in_turn(calls[name], warmup=5, reps=40, hide_launch=True).median_s
+        best[name] = min(best.get(name, seconds), seconds)
     return best
 
 
