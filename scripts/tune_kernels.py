@@ -64,7 +64,7 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                 for out_block in (8192, 16384):
                     out.append(ForwardPlan("loop", 1, min(block, block_n), warps,
                                            programs=sms, out_block=min(out_block, block_n)))
-                    if block_n >= 65536:  # one program per row, a register cap or none
+                    if block_n >= 65536 or block < block_n:  # one program per row
                         out += [ForwardPlan("loop", 1, min(block, block_n), warps,
                                             out_block=min(out_block, block_n),
                                             max_registers=registers)

@@ -14,7 +14,14 @@ import torch
 
 from solutions import kernels
 from solutions.kernels.column_sums import SUM_ROWS, column_sums
-from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
+from solutions.kernels.launch import (
+    ONE_ROW_LOOP,
+    ONE_ROW_LOOP_FLOAT32,
+    BackwardPlan,
+    ForwardPlan,
+    backward_plan,
+    forward_plan,
+)
 from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, layernorm_backward
 from solutions.kernels.layernorm import _forward as layernorm_forward
 from solutions.kernels.rmsnorm import _forward as rmsnorm_forward
@@ -193,8 +200,9 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
                 assert plan.prefetch or not plan.programs, where
             else:
                 assert plan.path == "loop" and plan.second_block <= plan.block_n, where
-                if not plan.programs:  # a program per row: only where measured, 16-bit
-                    assert element_size == 2 and plan.block_n >= n, where
+                if not plan.programs:  # a program per row: only where measured
+                    rules = ONE_ROW_LOOP if element_size == 2 else ONE_ROW_LOOP_FLOAT32
+                    assert (op, plan.block_n) in rules and plan.block_n >= n, where
             # values a thread loads at once: beyond 64 float32 they would spill
             assert plan.block_m * plan.block_n <= 64 * 32 * plan.num_warps, where
         for n in lengths[: lengths.index(65537)]:
