@@ -56,8 +56,8 @@ class Row:
 
 # The run docs/benchmarks.md reports, shipped with the package so that a pip-installed course
 # (on Colab, say) can show it too. One process: every comparison shares its copy bandwidth.
-RECORDED_RUN = Path(__file__).parent / "data" / "bench-h100-2026-11-23.csv"
-RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-23"
+RECORDED_RUN = Path(__file__).parent / "data" / "bench-h100-2026-11-24.csv"
+RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-24"
 
 
 def load_rows(path: Path = RECORDED_RUN) -> list[Row]:
