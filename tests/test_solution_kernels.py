@@ -340,6 +340,23 @@ def test_gpu_forwards_at_benchmark_shapes(shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("n", [512, 4096, 20000, 32768])
+def test_gpu_forwards_where_the_launch_rules_depend_on_the_dtype(dtype, n):
+    # Float32 rows have launch rules of their own (ROWS_PATH_FLOAT32, ONE_ROW_LOOP_FLOAT32,
+    # LayerNorm's rows of 32768 in registers); 259 rows leave a partial tile.
+    shape = (259, n)
+    x, w, b = _x(shape, dtype, mean=3.0), _w(n, dtype), _x(n, dtype, seed=3)
+    _assert_close("y", kernels.rmsnorm(x, w), reference.rmsnorm(x, w), dtype)
+    _assert_close("y", kernels.layernorm(x, w, b), reference.layernorm(x, w, b), dtype)
+    r = _x(shape, dtype, seed=5)
+    y, res = kernels.add_rmsnorm(x, r, w)
+    want_y, want_res = reference.add_rmsnorm(x, r, w)
+    _assert_close("residual", res, want_res, dtype)
+    _assert_close("y", y, want_y, dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s[1] <= 65536],
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_backwards_at_benchmark_shapes(shape):
