@@ -196,10 +196,10 @@ ROWS_PATH_FLOAT32 = {("rmsnorm", 512): (2, 8), ("add_rmsnorm", 512): (4, 16),
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
                  residual: bool = False, layernorm: bool = False) -> ForwardPlan:
     """`element_size` is x's in bytes; `residual` says the residual is added too. Rows of
-    32768 stay in one program's registers when they arrive alone: as 16-bit values, or as
-    float32 for LayerNorm (whose loop path reads each row twice). A second input spills
-    there, and takes a longer-row path instead. LayerNorm's loop path measured slower than
-    its split path from 65536 columns on."""
+    32768 stay in one program's registers when they arrive alone: as 16-bit values, or,
+    for LayerNorm, as float32 (RMSNorm's float32 rows measured faster a program per row on
+    the loop path). A second input spills there, and takes a longer-row path instead.
+    LayerNorm's loop path measured slower than its split path from 65536 columns on."""
     op = "layernorm" if layernorm else "add_rmsnorm" if residual else "rmsnorm"
     block_n = next_power_of_2(N)
     sms = _multiprocessors(device)
