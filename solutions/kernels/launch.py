@@ -185,12 +185,12 @@ ONE_ROW_LOOP = {("rmsnorm", 8192): (16, 8192, 40),
 # (torch.compile 100.3 and 100.2 %, launching the same shape of program).
 ONE_ROW_LOOP_FLOAT32 = {("rmsnorm", 32768): (32, 32768, 0)}
 # Float32 rows where the 16-bit rule measured slower (`tune_kernels.py --dtype float32`,
-# then two trials on own inputs): (op, BLOCK_N) -> (rows per tile, warps). Fused add at
+# then two trials on own inputs), over ROWS_PATH's 16-bit rules. Fused add at
 # 512: 97.0 % against 93.9 % on the 16-bit rule's single warp; RMSNorm at 512: 94.3 and
 # 94.1 against 93.2 and 93.3; LayerNorm at 512: 93.6 against 92.9 and 93.3; at 4096:
 # 100.0 and 100.1 against 99.2 and 99.5.
-ROWS_PATH_FLOAT32 = {("rmsnorm", 512): (2, 8), ("add_rmsnorm", 512): (4, 16),
-                     ("layernorm", 512): (2, 1), ("layernorm", 4096): (1, 16)}
+ROWS_PATH_FLOAT32 = {"rmsnorm": {512: (2, 8)}, "add_rmsnorm": {512: (4, 16)},
+                     "layernorm": {512: (2, 1), 4096: (1, 16)}}
 
 
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
@@ -212,13 +212,13 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
         warps, out_block, registers = one_row_loop[op, block_n]
         return ForwardPlan("loop", 1, block_n, warps, out_block=out_block,
                            max_registers=registers)
-    if block_n <= 256 and block_n not in ROWS_PATH[op]:
+    rows_path = ROWS_PATH[op] | (ROWS_PATH_FLOAT32[op] if element_size == 4 else {})
+    if block_n <= 256 and block_n not in rows_path:
         block_m = max(1, min(16, 2048 // block_n, next_power_of_2(M)))
         programs = PERSISTENT_PER_SM * sms
         return ForwardPlan("rows", block_m, block_n, 4, programs=programs, prefetch=True)
     if block_n <= register_limit:
-        block_m, warps = (ROWS_PATH_FLOAT32.get((op, block_n)) if element_size == 4 else None
-                          ) or ROWS_PATH[op][block_n]
+        block_m, warps = rows_path[block_n]
         return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps)
     on_gpu = device.type == "cuda"
     if residual:
