@@ -325,10 +325,10 @@ def test_long_row_layernorm_keeps_its_precision_on_a_large_mean(head_offset):
 
 # ------------------------------------------------------------------ GPU: the full shapes
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_gpu_forwards_at_benchmark_shapes(shape):
-    dtype = torch.bfloat16
+
+def _check_forwards(shape, dtype):
+    """RMSNorm, LayerNorm and fused add + RMSNorm, each on the plan its launch rules pick,
+    against the float64 reference."""
     x, w, b = _x(shape, dtype, mean=3.0), _w(shape[1], dtype), _x(shape[1], dtype, seed=3)
     _assert_close("y", kernels.rmsnorm(x, w), reference.rmsnorm(x, w), dtype)
     _assert_close("y", kernels.layernorm(x, w, b), reference.layernorm(x, w, b), dtype)
@@ -340,20 +340,18 @@ def test_gpu_forwards_at_benchmark_shapes(shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_forwards_at_benchmark_shapes(shape):
+    _check_forwards(shape, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("n", [512, 4096, 20000, 32768])
 def test_gpu_forwards_where_the_launch_rules_depend_on_the_dtype(dtype, n):
     # Float32 rows have launch rules of their own (ROWS_PATH_FLOAT32, ONE_ROW_LOOP_FLOAT32,
     # LayerNorm's rows of 32768 in registers); 259 rows leave a partial tile.
-    shape = (259, n)
-    x, w, b = _x(shape, dtype, mean=3.0), _w(n, dtype), _x(n, dtype, seed=3)
-    _assert_close("y", kernels.rmsnorm(x, w), reference.rmsnorm(x, w), dtype)
-    _assert_close("y", kernels.layernorm(x, w, b), reference.layernorm(x, w, b), dtype)
-    r = _x(shape, dtype, seed=5)
-    y, res = kernels.add_rmsnorm(x, r, w)
-    want_y, want_res = reference.add_rmsnorm(x, r, w)
-    _assert_close("residual", res, want_res, dtype)
-    _assert_close("y", y, want_y, dtype)
+    _check_forwards((259, n), dtype)
 
 
 @pytest.mark.gpu
