@@ -191,6 +191,8 @@ ONE_ROW_LOOP_FLOAT32 = {("rmsnorm", 32768): (32, 32768, 0)}
 # 100.0 and 100.1 against 99.2 and 99.5.
 ROWS_PATH_FLOAT32 = {"rmsnorm": {512: (2, 8)}, "add_rmsnorm": {512: (4, 16)},
                      "layernorm": {512: (2, 1), 4096: (1, 16)}}
+_ROWS_PATH_WITH_FLOAT32 = {op: rules | ROWS_PATH_FLOAT32.get(op, {})
+                           for op, rules in ROWS_PATH.items()}
 
 
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
@@ -212,7 +214,7 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
         warps, out_block, registers = one_row_loop[op, block_n]
         return ForwardPlan("loop", 1, block_n, warps, out_block=out_block,
                            max_registers=registers)
-    rows_path = ROWS_PATH[op] | (ROWS_PATH_FLOAT32[op] if element_size == 4 else {})
+    rows_path = (_ROWS_PATH_WITH_FLOAT32 if element_size == 4 else ROWS_PATH)[op]
     if block_n <= 256 and block_n not in rows_path:
         block_m = max(1, min(16, 2048 // block_n, next_power_of_2(M)))
         programs = PERSISTENT_PER_SM * sms
