@@ -6,7 +6,9 @@ runs them on the CPU with NumPy. Triton decides which of the two a kernel gets w
 every notebook imports `course` first.
 
 Override with the environment variable COURSE_DEVICE=cpu (interpreter even on a GPU
-machine) or COURSE_DEVICE=cuda (fail loudly if no GPU is usable).
+machine) or COURSE_DEVICE=cuda (fail loudly if no GPU is usable). COURSE_DEVICE=compile runs
+nothing: kernels stay compiled-mode Triton functions, which `scripts/kernel_ptx.py` compiles
+for a GPU that need not be there (to read their PTX on a machine without one).
 """
 
 from __future__ import annotations
@@ -17,18 +19,24 @@ import sys
 import torch
 
 _requested = os.environ.get("COURSE_DEVICE", "").strip().lower()
-if _requested not in ("", "cpu", "cuda"):
-    raise RuntimeError(f"COURSE_DEVICE must be 'cpu' or 'cuda', not {_requested!r}")
+if _requested not in ("", "cpu", "cuda", "compile"):
+    raise RuntimeError(f"COURSE_DEVICE must be 'cpu', 'cuda' or 'compile', not {_requested!r}")
 if _requested == "cuda" and not torch.cuda.is_available():
     raise RuntimeError("COURSE_DEVICE=cuda, but torch sees no CUDA GPU (torch.cuda.is_available()"
                        " is False). Unset COURSE_DEVICE to use Triton's interpreter on the CPU.")
 
 _interpret_already = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_use_gpu = torch.cuda.is_available() and _requested != "cpu" and not _interpret_already
+if _requested == "compile" and _interpret_already:
+    raise RuntimeError("COURSE_DEVICE=compile needs compiled-mode Triton, but TRITON_INTERPRET=1")
+_use_gpu = (torch.cuda.is_available() and _requested not in ("cpu", "compile")
+            and not _interpret_already)
 
 if _use_gpu:
     MODE = "gpu"
     DEVICE = torch.device("cuda")
+elif _requested == "compile":
+    MODE = "compile"
+    DEVICE = torch.device("cpu")
 else:
     MODE = "interpreter"
     DEVICE = torch.device("cpu")

@@ -36,7 +36,15 @@ def test_importing_triton_first_is_refused_with_the_fix():
 
 def test_bad_course_device_value_is_named():
     proc = _python("import course", COURSE_DEVICE="tpu")
-    assert "COURSE_DEVICE must be 'cpu' or 'cuda', not 'tpu'" in proc.stderr
+    assert "COURSE_DEVICE must be 'cpu', 'cuda' or 'compile', not 'tpu'" in proc.stderr
+
+
+def test_compile_mode_leaves_kernels_to_the_compiler():
+    proc = _python("import course, os; print(course.MODE, os.environ.get('TRITON_INTERPRET'))",
+                   COURSE_DEVICE="compile")
+    assert proc.stdout.split() == ["compile", "None"], proc.stderr
+    proc = _python("import course", COURSE_DEVICE="compile", TRITON_INTERPRET="1")
+    assert "COURSE_DEVICE=compile needs compiled-mode Triton" in proc.stderr
 
 
 @pytest.mark.skipif(runtime.on_gpu(), reason="checks the message shown without a GPU")

@@ -354,9 +354,13 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
 @triton.jit
 def _over_rows(acc, SUMMED: tl.constexpr):
     """A program's partial row: its per-row accumulators added up, unless already summed."""
+    # One return: Triton 3.9 compiles a return inside a constexpr branch beside another
+    # return as two return types and refuses the kernel (3.6 accepted it).
     if SUMMED:
-        return acc
-    return tl.sum(acc, axis=0)
+        row = acc
+    else:
+        row = tl.sum(acc, axis=0)
+    return row
 
 
 @triton.jit
