@@ -21,6 +21,7 @@ from solutions.kernels.launch import (
     ForwardPlan,
     backward_plan,
     forward_plan,
+    stated_multiple_of,
 )
 from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, layernorm_backward
 from solutions.kernels.layernorm import _forward as layernorm_forward
@@ -211,6 +212,17 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
                 assert bwd.block_n * bwd.split >= n, f"{op} backward, N = {n}, {dtype}: {bwd}"
 
 
+def test_kernels_are_told_only_the_multiples_triton_cannot_see():
+    # Triton notes integer arguments divisible by 16 itself; below that, the launch states
+    # the largest power of two (up to 8) that divides the row length and every row stride.
+    assert stated_multiple_of(4096, 4096, 0) == 1
+    assert stated_multiple_of(4104, 4104) == 8
+    assert stated_multiple_of(4096, 4104, 4096) == 8
+    assert stated_multiple_of(4100, 4100) == 4
+    assert stated_multiple_of(4098, 4112) == 2
+    assert stated_multiple_of(4104, 4097) == 1
+
+
 def test_backward_is_deterministic():
     x, dy, w = _x((300, 96), torch.float32), _x((300, 96), torch.float32, seed=7), _w(
         96, torch.float32)
@@ -326,10 +338,12 @@ def test_long_row_layernorm_keeps_its_precision_on_a_large_mean(head_offset):
 # ------------------------------------------------------------------ GPU: the full shapes
 
 
-def _check_forwards(shape, dtype):
+def _check_forwards(shape, dtype, row_stride=None):
     """RMSNorm, LayerNorm and fused add + RMSNorm, each on the plan its launch rules pick,
-    against the float64 reference."""
+    against the float64 reference; x's rows `row_stride` apart when given."""
     x, w, b = _x(shape, dtype, mean=3.0), _w(shape[1], dtype), _x(shape[1], dtype, seed=3)
+    if row_stride is not None:
+        x = _rows_apart(x, row_stride)
     _assert_close("y", kernels.rmsnorm(x, w), reference.rmsnorm(x, w), dtype)
     _assert_close("y", kernels.layernorm(x, w, b), reference.layernorm(x, w, b), dtype)
     r = _x(shape, dtype, seed=5)
@@ -354,12 +368,12 @@ def test_gpu_forwards_where_the_launch_rules_depend_on_the_dtype(dtype, n):
     _check_forwards((259, n), dtype)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [s for s in SHAPES if s[1] <= 65536],
-                         ids=lambda s: f"{s[0]}x{s[1]}")
-def test_gpu_backwards_at_benchmark_shapes(shape):
-    dtype = torch.bfloat16
+def _check_backwards(shape, dtype, row_stride=None):
+    """RMSNorm's and LayerNorm's backward, each on the plan its launch rules pick, against
+    the float64 reference; x and dy rows `row_stride` apart when given."""
     x, dy, w = _x(shape, dtype, mean=1.0), _x(shape, dtype, seed=7), _w(shape[1], dtype)
+    if row_stride is not None:
+        x, dy = (_rows_apart(t, row_stride) for t in (x, dy))
     rstd = reference.rmsnorm_rstd(x).float()
     dx, dw = rmsnorm_backward(x, w, rstd, dy)
     want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
@@ -372,6 +386,36 @@ def test_gpu_backwards_at_benchmark_shapes(shape):
     _assert_close("dx", dx, want_dx, dtype)
     _assert_sums_close("dw", dw, want_dw)
     _assert_sums_close("db", db, want_db)
+
+
+def _rows_apart(t, row_stride):
+    """The same values as `t` (M x N), with rows `row_stride` elements apart in memory."""
+    wide = torch.full((t.shape[0], row_stride), float("nan"), dtype=t.dtype, device=t.device)
+    wide[:, :t.shape[1]] = t
+    return wide[:, :t.shape[1]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[1] <= 65536],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_backwards_at_benchmark_shapes(shape):
+    _check_backwards(shape, torch.bfloat16)
+
+
+# Row lengths and strides that are multiples of 8, 4, 2 and 1 but not 16: the kernels are
+# told the multiple (launch.stated_multiple_of), on every path (rows, loop, split).
+ODD_ROWS = [(1000, 200, None), (1000, 4104, None), (1000, 4100, None), (1000, 4098, None),
+            (1000, 4097, None), (300, 4104, 4120), (300, 4096, 4104), (200, 20008, None),
+            (64, 131080, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("m, n, row_stride", ODD_ROWS, ids=lambda v: str(v))
+def test_gpu_rows_whose_length_or_stride_is_not_a_multiple_of_16(dtype, m, n, row_stride):
+    _check_forwards((m, n), dtype, row_stride)
+    if n <= 65536:
+        _check_backwards((m, n), dtype, row_stride)
 
 
 @pytest.mark.gpu

@@ -10,6 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
+from solutions.kernels.launch import stated_multiple_of
+from solutions.kernels.row_loads import stated_multiples
+
 # Columns and partial rows one program sums per step.
 SUM_COLUMNS = 16
 SUM_ROWS = 1024
@@ -17,8 +20,10 @@ SUM_ROWS = 1024
 
 @triton.jit
 def column_sums_kernel(partial_ptr, out_ptr, P, N, stride_partial_set, stride_out_set,
-                       BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                       BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
     # axis 1 picks the set of partials (dW, or dB for LayerNorm): one launch for both
+    N, stride_partial_set, stride_out_set, _, _ = stated_multiples(
+        N, stride_partial_set, stride_out_set, 0, 0, MULTIPLE)
     which = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -47,5 +52,7 @@ def column_sums(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     warps = max(1, min(8, block_p * block_n // 2048))  # 64 values a thread at most
     grid = (triton.cdiv(n, block_n), sets)
     column_sums_kernel[grid](partials, out, programs, n, partials.stride(0), out.stride(0),
-                             BLOCK_P=block_p, BLOCK_N=block_n, num_warps=warps)
+                             BLOCK_P=block_p, BLOCK_N=block_n,
+                             MULTIPLE=stated_multiple_of(n, partials.stride(0), out.stride(0)),
+                             num_warps=warps)
     return out

@@ -122,6 +122,18 @@ class BackwardPlan(_LaunchOptions):
         return math.ceil(M / self.programs)
 
 
+def stated_multiple_of(*values: int) -> int:
+    """The MULTIPLE a launch tells its kernel (`row_loads.stated_multiple`) that the row
+    length and row strides it passes are all multiples of: the largest power of two up to 8
+    dividing every one of them, so that 16-bit rows of 4104 columns load 16 bytes at a time.
+    1 when they are all multiples of 16, which Triton sees by itself (and the kernels tuned
+    on such shapes then compile exactly as they did)."""
+    multiple = 8
+    while multiple > 1 and any(v % multiple for v in values):
+        multiple //= 2
+    return 1 if all(v % 16 == 0 for v in values) else multiple
+
+
 @functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count

@@ -27,10 +27,17 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
-from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
+from solutions.kernels.launch import (
+    BackwardPlan,
+    ForwardPlan,
+    backward_plan,
+    forward_plan,
+    stated_multiple_of,
+)
 from solutions.kernels.row_loads import (
     bias_or_zeros,
     load_x_dy,
+    stated_multiples,
     take_prefetched,
     weights_or_ones,
 )
@@ -88,10 +95,12 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               M, N, stride_x_row, stride_y_row, eps,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                               STORE_STATS: tl.constexpr, PREFETCH: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
     # As rmsnorm_fwd_rows_kernel: without PREFETCH program p normalises row tile p in
     # straight-line code; with it, P programs take tiles p, p + P, ... and load the next
     # tile before normalising this one.
+    N, stride_x_row, stride_y_row, _, _ = stated_multiples(
+        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -192,10 +201,12 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                                HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                                STORE_STATS: tl.constexpr, HEAD: tl.constexpr,
                                SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                               OUT_BLOCK: tl.constexpr):
+                               OUT_BLOCK: tl.constexpr, MULTIPLE: tl.constexpr):
     # As rmsnorm_fwd_split_kernel: program p owns BLOCK_N columns of row p // SPLIT. Every
     # program of a row computes the same shift, publishes its two shifted sums, and reads
     # its columns again once the row's sums are in.
+    N, stride_x_row, stride_y_row, _, _ = stated_multiples(
+        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
     pid = tl.program_id(0)
     row = (pid // SPLIT).to(tl.int64)
     part = pid % SPLIT
@@ -223,10 +234,13 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               M, N, stride_x_row, stride_y_row, eps,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                               STORE_STATS: tl.constexpr,
-                              BLOCK_N: tl.constexpr, OUT_BLOCK: tl.constexpr):
+                              BLOCK_N: tl.constexpr, OUT_BLOCK: tl.constexpr,
+                              MULTIPLE: tl.constexpr):
     # As rmsnorm_fwd_loop_kernel: programs walk over rows; pass 1 sums BLOCK_N columns at
     # once, keeping nothing, about the mean of the first block (the shift, which thus
     # costs no load of its own); pass 2 reads the row again.
+    N, stride_x_row, stride_y_row, _, _ = stated_multiples(
+        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
     for row in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
         x_row = x_ptr + row * stride_x_row
         first = tl.arange(0, BLOCK_N)
@@ -267,7 +281,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
         args = (x2, weight if weight is not None else y, bias if bias is not None else y, y,
                 mean_arg, rstd_arg)
         flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-                     STORE_STATS=store_stats)
+                     STORE_STATS=store_stats,
+                     MULTIPLE=stated_multiple_of(N, x2.stride(0), y.stride(0)))
         grid = plan.grid(M, N)
         if plan.path == "rows":
             layernorm_fwd_rows_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
@@ -299,9 +314,11 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
                               rows_per_program, stride_partial_set,
                               HAS_WEIGHT: tl.constexpr, SUM_EACH_STEP: tl.constexpr,
                               PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr):
+                              BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
     # As rmsnorm_bwd_rows_kernel (SUM_EACH_STEP, PREFETCH likewise), with the two sums
     # LayerNorm's dx needs and dB's partial row beside dW's.
+    N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -367,8 +384,11 @@ def _over_rows(acc, SUMMED: tl.constexpr):
 def layernorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
                               M, N, stride_x_row, stride_dy_row, stride_dx_row,
                               rows_per_program, stride_partial_set,
-                              HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+                              HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+                              MULTIPLE: tl.constexpr):
     # As rmsnorm_bwd_loop_kernel, with the two sums LayerNorm's dx needs.
+    N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE)
     pid = tl.program_id(0)
     dw_partial = partial_ptr + pid.to(tl.int64) * N
     db_partial = dw_partial + stride_partial_set
@@ -416,8 +436,10 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
                                M, N, stride_x_row, stride_dy_row, stride_dx_row,
                                rows_per_group, stride_partial_set,
                                HAS_WEIGHT: tl.constexpr, SPLIT: tl.constexpr,
-                               BLOCK_N: tl.constexpr):
+                               BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
     # As rmsnorm_bwd_split_kernel, exchanging both sums LayerNorm's dx needs.
+    N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE)
     pid = tl.program_id(0)
     group = pid // SPLIT
     part = pid % SPLIT
@@ -482,8 +504,11 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     partials = alloc((2, programs, N), dtype=torch.float32, device=x.device)
     common = (x2, weight if weight is not None else dx, dy2, mean, rstd, dx, partials, M, N,
               x2.stride(0), dy2.stride(0), dx.stride(0), rows_per_program, partials.stride(0))
+    multiple = stated_multiple_of(N, x2.stride(0), dy2.stride(0), dx.stride(0),
+                                  partials.stride(0))
     if plan.path == "rows":
         layernorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
+                                               MULTIPLE=multiple,
                                                SUM_EACH_STEP=plan.sum_each_step,
                                                PREFETCH=plan.prefetch,
                                                BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
@@ -493,10 +518,12 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
         slots, epoch = exchange_slots(2 * M * plan.split, x.device)
         layernorm_bwd_split_kernel[(programs * plan.split,)](
             *common[:7], slots, epoch, *common[7:], HAS_WEIGHT=weight is not None,
-            SPLIT=plan.split, BLOCK_N=plan.block_n, **plan.launch_options())
+            SPLIT=plan.split, BLOCK_N=plan.block_n, MULTIPLE=multiple,
+            **plan.launch_options())
     else:
         layernorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                               BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+                                               BLOCK_N=plan.block_n, MULTIPLE=multiple,
+                                               num_warps=plan.num_warps)
     sums = column_sums(partials, param_dtype)
     return dx.view(x.shape), sums[0], sums[1]
 

@@ -22,8 +22,19 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
-from solutions.kernels.launch import BackwardPlan, ForwardPlan, backward_plan, forward_plan
-from solutions.kernels.row_loads import load_x_dy, take_prefetched, weights_or_ones
+from solutions.kernels.launch import (
+    BackwardPlan,
+    ForwardPlan,
+    backward_plan,
+    forward_plan,
+    stated_multiple_of,
+)
+from solutions.kernels.row_loads import (
+    load_x_dy,
+    stated_multiples,
+    take_prefetched,
+    weights_or_ones,
+)
 from solutions.kernels.sibling_sync import exchange_slots, publish, wait_for_partials
 from solutions.kernels.validation import (
     as_rows,
@@ -84,11 +95,13 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             stride_res_out_row, eps,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, PREFETCH: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
     # Without PREFETCH, program p handles row tile p, in straight-line code: a loop around
     # it, even of one turn, measured 1 to 4 points slower on short rows. With PREFETCH,
     # P programs walk over tiles p, p + P, ... and issue the next tile's loads before this
     # tile's arithmetic, so that few programs still keep memory requests in flight.
+    N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
+        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -146,11 +159,13 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             stride_res_out_row, eps,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, BLOCK_N: tl.constexpr,
-                            OUT_BLOCK: tl.constexpr):
+                            OUT_BLOCK: tl.constexpr, MULTIPLE: tl.constexpr):
     # Programs walk over rows (one per SM on a GPU), or take one row each. Pass 1 loads
     # BLOCK_N columns at once, the whole row when it fits, and keeps nothing but the sum of
     # squares: the loads are all in flight together, which is what keeps HBM busy. Pass 2
     # reads the row again, mostly from L1 or L2, where pass 1 asked it to stay.
+    N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
+        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
     for r64 in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
         sum_sq = 0.0
         for start in range(0, N, BLOCK_N):
@@ -182,10 +197,12 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
                              HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                              STORE_RSTD: tl.constexpr, RELOAD: tl.constexpr,
                              SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                             OUT_BLOCK: tl.constexpr):
+                             OUT_BLOCK: tl.constexpr, MULTIPLE: tl.constexpr):
     # Program p owns BLOCK_N columns of row p // SPLIT, loaded at once. The SPLIT programs of
     # a row exchange their sums of squares (sibling_sync.py says why this cannot deadlock),
     # then each reads its columns again (RELOAD) or normalises what it kept in registers.
+    N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
+        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
     pid = tl.program_id(0)
     row = (pid // SPLIT).to(tl.int64)
     part = pid % SPLIT
@@ -238,7 +255,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         strides = (x2.stride(0), res2.stride(0) if res2 is not None else 0, y.stride(0),
                    res_out.stride(0) if res_out is not None else 0)
         flags = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-                     STORE_RSTD=store_rstd)
+                     STORE_RSTD=store_rstd, MULTIPLE=stated_multiple_of(N, *strides))
         grid = plan.grid(M, N)
         if plan.path == "rows":
             rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
@@ -268,12 +285,14 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
                             M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_program,
                             HAS_WEIGHT: tl.constexpr, RELOAD: tl.constexpr,
                             SUM_EACH_STEP: tl.constexpr, PREFETCH: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
     # With RELOAD (long rows, one program per SM), x, dy and w are read again for dx rather
     # than kept across the row's reduction: only the dW sums stay in registers, and the
     # first loads of a row can all be in flight at once. With PREFETCH, the next step's x
     # and dy are loaded before this step's arithmetic, so a program's loads stay in flight
     # while it reduces.
+    N, stride_x_row, stride_dy_row, stride_dx_row, _ = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -334,10 +353,13 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
 @triton.jit
 def rmsnorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
                             M, N, stride_x_row, stride_dy_row, stride_dx_row, rows_per_program,
-                            HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+                            HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+                            MULTIPLE: tl.constexpr):
     # Rows too long for registers: per row, one pass for mean(x_hat * g) and a second (from
     # L2, mostly) for dx. The program's dW partial row lives in its own slice of the
     # workspace (zeroed by the caller), so no other program ever touches it.
+    N, stride_x_row, stride_dy_row, stride_dx_row, _ = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE)
     pid = tl.program_id(0)
     partial = dw_partial_ptr + pid.to(tl.int64) * N
     first = pid.to(tl.int64) * rows_per_program  # the loop's row is then 64-bit too
@@ -378,12 +400,14 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
                              slots_ptr, epoch,
                              M, N, stride_x_row, stride_dy_row, stride_dx_row,
                              HAS_WEIGHT: tl.constexpr, SPLIT: tl.constexpr,
-                             BLOCK_N: tl.constexpr):
+                             BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
     # Long rows: G groups of SPLIT programs; group g takes rows g, g + G, g + 2G, ... and
     # each of its programs owns BLOCK_N columns (its dW sums stay in registers). Step i
     # loads row i, publishes its part of sum(x_hat * g), and only then finishes row i - 1:
     # waits for that row's sums, which have had a whole row's loads to arrive, reads x and
     # dy again (from L1 or L2) and stores dx.
+    N, stride_x_row, stride_dy_row, stride_dx_row, _ = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE)
     pid = tl.program_id(0)
     groups = tl.num_programs(0) // SPLIT
     group = pid // SPLIT
@@ -441,9 +465,10 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     w_arg = weight if weight is not None else dx
     common = (x2, w_arg, dy2, rstd, dx, partials, M, N, x2.stride(0), dy2.stride(0),
               dx.stride(0), rows_per_program)
+    multiple = stated_multiple_of(N, x2.stride(0), dy2.stride(0), dx.stride(0))
     if plan.path == "rows":
         rmsnorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                             RELOAD=plan.reload,
+                                             MULTIPLE=multiple, RELOAD=plan.reload,
                                              SUM_EACH_STEP=plan.sum_each_step,
                                              PREFETCH=plan.prefetch,
                                              BLOCK_M=plan.block_m,
@@ -453,10 +478,12 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
         slots, epoch = exchange_slots(M * plan.split, x.device)
         rmsnorm_bwd_split_kernel[(programs * plan.split,)](
             *common[:6], slots, epoch, *common[6:-1], HAS_WEIGHT=weight is not None,
-            SPLIT=plan.split, BLOCK_N=plan.block_n, **plan.launch_options())
+            SPLIT=plan.split, BLOCK_N=plan.block_n, MULTIPLE=multiple,
+            **plan.launch_options())
     else:
         rmsnorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                             BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+                                             BLOCK_N=plan.block_n, MULTIPLE=multiple,
+                                             num_warps=plan.num_warps)
     dw = column_sums(partials, weight.dtype)[0] if weight is not None else None
     return dx.view(x.shape), dw
 

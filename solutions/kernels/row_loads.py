@@ -9,6 +9,24 @@ import triton.language as tl
 
 
 @triton.jit
+def stated_multiple(value, MULTIPLE: tl.constexpr):
+    """`value`, which the launch checked is a multiple of MULTIPLE, in a form whose
+    divisibility the compiler can see (a product with a constant). Triton notes by itself
+    only which integer arguments are multiples of 16; without the rest, rows of 4104
+    columns would be loaded two bytes at a time instead of sixteen."""
+    return value // MULTIPLE * MULTIPLE
+
+
+@triton.jit
+def stated_multiples(n, stride_a, stride_b, stride_c, stride_d, MULTIPLE: tl.constexpr):
+    """A row length and up to four row strides (0 for those a kernel has not), each
+    through `stated_multiple`."""
+    return (stated_multiple(n, MULTIPLE), stated_multiple(stride_a, MULTIPLE),
+            stated_multiple(stride_b, MULTIPLE), stated_multiple(stride_c, MULTIPLE),
+            stated_multiple(stride_d, MULTIPLE))
+
+
+@triton.jit
 def weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
     """The weight's columns in float32, or ones (zeros past N) when there is no weight.
     Every program reads the same weights while the rows stream through L2, so L2 is asked

@@ -1,0 +1,47 @@
+"""Every reference kernel compiles to PTX for an H100 (sm_90) on a machine without a GPU,
+and moves 16 bytes an access whenever its row length and strides allow it
+(scripts/kernel_ptx.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kernel_ptx.py"
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[tuple, dict[str, list[str]]]:
+    """(kernel, constexprs) -> way -> global accesses, from one run of the script."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--json"], capture_output=True,
+                          text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cases: dict[tuple, dict[str, list[str]]] = defaultdict(dict)
+    for r in json.loads(proc.stdout):
+        cases[r["kernel"], json.dumps(r["constexprs"], sort_keys=True)][r["way"]] = r["accesses"]
+    return cases
+
+
+def test_every_kernel_compiles_for_sm90(compiled):
+    names = {kernel for kernel, _ in compiled}
+    assert len(names) == 13, sorted(names)  # forward and backward paths, and column sums
+
+
+def test_a_stated_multiple_of_8_gives_the_accesses_of_rows_aligned_to_16(compiled):
+    for case, ways in compiled.items():
+        assert ways["stated"] == ways["aligned"], case
+        assert any(".v4." in a for a in ways["stated"]), case
+
+
+def test_without_the_statement_every_load_is_of_one_value(compiled):
+    # rows of 4104 bf16 values two bytes a load, float32 partial sums four
+    for case, ways in compiled.items():
+        loads = [a for a in ways["unstated"] if a.startswith("ld.")]
+        assert loads and not any(".v2." in a or ".v4." in a for a in loads), case
