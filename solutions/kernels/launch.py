@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from course import runtime  # noqa: F401  (picks GPU or interpreter before triton loads)
 
@@ -205,6 +205,23 @@ ROWS_PATH_FLOAT32 = {"rmsnorm": {512: (2, 8)}, "add_rmsnorm": {512: (4, 16)},
                      "layernorm": {512: (2, 1), 4096: (1, 16)}}
 _ROWS_PATH_WITH_FLOAT32 = {op: rules | ROWS_PATH_FLOAT32.get(op, {})
                            for op, rules in ROWS_PATH.items()}
+# 16-bit rows shorter than their block (N not a power of two), by block: the rules above
+# were swept on rows that fill their block, and a row of 5120 in a block of 8192 measured
+# as much as 22 points of copy slower on them (RMSNorm 5120: 84.5 % on the loop path,
+# 99.3 % kept in 4 warps' registers). Swept at 3 to 5 row lengths per block, 1152 to 28672
+# columns (`tune_kernels.py`, docs/benchmarks.md); each rule is within 3 % of the best plan
+# at every length swept in its block. The fused add's rules were already within 1.4 points.
+PARTIAL_BLOCK = {
+    "rmsnorm": {2048: ForwardPlan("rows", 2, 2048, 8), 4096: ForwardPlan("rows", 1, 4096, 2),
+                8192: ForwardPlan("rows", 1, 8192, 4),
+                16384: ForwardPlan("loop", 1, 16384, 16, out_block=4096, max_registers=40),
+                32768: ForwardPlan("loop", 1, 32768, 32, out_block=8192, max_registers=40)},
+    # rows of 16385 to 32767: one program per row, passes of 16384 columns (the loop path
+    # for rows longer than its block)
+    "layernorm": {2048: ForwardPlan("rows", 2, 2048, 4), 4096: ForwardPlan("rows", 2, 4096, 8),
+                  8192: ForwardPlan("rows", 1, 8192, 8), 16384: ForwardPlan("rows", 1, 16384, 16),
+                  32768: ForwardPlan("loop", 1, 16384, 16, out_block=8192)},
+}
 
 
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
@@ -221,6 +238,9 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
     # against 94.9 and 95.0 on the loop path (torch.compile 97.6 and 97.4).
     fits = element_size <= 2 or layernorm
     register_limit = MAX_REGISTER_BLOCK if fits and not residual else 16384
+    partial = PARTIAL_BLOCK.get(op, {}).get(block_n)
+    if partial is not None and N < block_n and element_size == 2:
+        return replace(partial, block_m=min(partial.block_m, next_power_of_2(M)))
     one_row_loop = ONE_ROW_LOOP if element_size <= 2 else ONE_ROW_LOOP_FLOAT32
     if (op, block_n) in one_row_loop:
         warps, out_block, registers = one_row_loop[op, block_n]
