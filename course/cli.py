@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bfloat16 runs every shape; float16 and float32 a subset")
     bench.add_argument("--impls", default="", help="only these implementations (names as "
                                                    "in the table), comma-separated")
+    bench.add_argument("--shapes", default="", metavar="MxN,...",
+                       help="measure these shapes, in every dtype asked for (default: the "
+                            "benchmark's shapes in bfloat16, a subset of them otherwise)")
     bench.add_argument("--reps", type=int, default=50)
     bench.add_argument("--out", default="bench-results", help="folder for CSV, JSON and plot")
     grade = commands.add_parser(
@@ -173,6 +176,17 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def _shapes(text: str) -> list[tuple[int, int]]:
+    """'8192x5120,4096x7168' -> [(8192, 5120), (4096, 7168)]."""
+    shapes = []
+    for part in _split(text):
+        dims = part.lower().split("x")
+        if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise ValueError(f"--shapes wants rows x columns such as 8192x5120, not {part!r}")
+        shapes.append((int(dims[0]), int(dims[1])))
+    return shapes
+
+
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -186,8 +200,14 @@ def bench(args: argparse.Namespace) -> int:
               f" dtypes: {', '.join(shootout.DTYPES)}")
         return 2
     try:
+        shapes = _shapes(args.shapes)
+    except ValueError as exc:
+        print(f"course bench: {exc}")
+        return 2
+    chosen = {"shapes": shapes, "subset": shapes} if shapes else {}
+    try:
         shootout.run(ops, _split(args.dtypes), Path(args.out), impls=_split(args.impls) or None,
-                     reps=args.reps)
+                     reps=args.reps, **chosen)
     except hardware.NeedsGPU as exc:
         print(f"course bench: {exc}")
         return 1

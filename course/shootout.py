@@ -267,7 +267,8 @@ def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16") -> None:
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 105)
         ax.set_title(f"{op} ({dtype})", fontsize=10)
-        ax.set_xlabel("N  (M = 32768 up to N = 4096, then M x N = 2**27)", fontsize=8)
+        ax.set_xlabel("N  (M = 32768 up to N = 4096, then M x N = 2**27)" if all(
+            (r.M, r.N) in SHAPES for r in sel) else "N  (M as in the table)", fontsize=8)
         ax.set_ylabel("% of copy bandwidth")
         ax.grid(True, alpha=0.3)
     handles = [Line2D([], [], color=colours[n], lw=2.6 if n == "ours" else 1.2,

@@ -141,6 +141,20 @@ def test_bench_command_needs_a_gpu_and_names_bad_ops(capsys):
     assert "unknown op(s) ['softmax']" in capsys.readouterr().out
 
 
+def test_bench_command_measures_the_shapes_asked_for_in_every_dtype(capsys, monkeypatch):
+    from course import cli
+
+    assert cli.main(["bench", "--shapes", "8192x"]) == 2
+    assert "--shapes wants rows x columns such as 8192x5120, not '8192x'" in (
+        capsys.readouterr().out)
+    calls = []
+    monkeypatch.setattr(shootout, "run", lambda ops, dtypes, out, **kw: calls.append(kw))
+    assert cli.main(["bench", "--shapes", "8192x5120, 4096X7168", "--out", "x"]) == 0
+    assert calls[0]["shapes"] == calls[0]["subset"] == [(8192, 5120), (4096, 7168)]
+    assert cli.main(["bench", "--out", "x"]) == 0
+    assert "shapes" not in calls[1] and "subset" not in calls[1]  # run's own defaults
+
+
 class _GradIntoGradOutput(torch.autograd.Function):
     """y = 2 x, with a backward that writes dx into the gradient it was given, as Liger's
     RMSNorm backward does by default (in_place=True)."""
