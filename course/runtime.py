@@ -102,5 +102,8 @@ def banner() -> str:
         name = torch.cuda.get_device_name()
         major, minor = torch.cuda.get_device_capability()
         return f"course: kernels run on the GPU ({name}, sm_{major}{minor})"
+    if MODE == "compile":
+        return ("course: COURSE_DEVICE=compile, kernels can be compiled for a GPU but nothing "
+                "runs")
     return ("course: no GPU visible, kernels run in Triton's interpreter on the CPU "
             "(correct results, no meaningful timings; bandwidth checks are skipped)")

@@ -40,9 +40,11 @@ def test_bad_course_device_value_is_named():
 
 
 def test_compile_mode_leaves_kernels_to_the_compiler():
-    proc = _python("import course, os; print(course.MODE, os.environ.get('TRITON_INTERPRET'))",
-                   COURSE_DEVICE="compile")
-    assert proc.stdout.split() == ["compile", "None"], proc.stderr
+    proc = _python("import course, os; print(course.MODE, os.environ.get('TRITON_INTERPRET'))\n"
+                   "print(course.banner())", COURSE_DEVICE="compile")
+    mode, banner = proc.stdout.splitlines()
+    assert mode.split() == ["compile", "None"], proc.stderr
+    assert "nothing runs" in banner
     proc = _python("import course", COURSE_DEVICE="compile", TRITON_INTERPRET="1")
     assert "COURSE_DEVICE=compile needs compiled-mode Triton" in proc.stderr
 
