@@ -17,11 +17,11 @@ from solutions.kernels.column_sums import SUM_ROWS, column_sums
 from solutions.kernels.launch import (
     ONE_ROW_LOOP,
     ONE_ROW_LOOP_FLOAT32,
-    PARTIAL_BLOCK,
     BackwardPlan,
     ForwardPlan,
     backward_plan,
     forward_plan,
+    partial_block_rule,
     stated_multiple_of,
 )
 from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, layernorm_backward
@@ -196,8 +196,8 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
                                 residual=op == "add_rmsnorm", layernorm=op == "layernorm")
             where = f"{op}, N = {n}, {element_size}-byte values: {plan}"
             block = 1 << (n - 1).bit_length()
-            partial = PARTIAL_BLOCK.get(op, {}).get(block) if element_size == 2 else None
-            if partial is not None and n < block:  # rows that leave their block part empty
+            partial = partial_block_rule(op, block, element_size) if n < block else None
+            if partial is not None:  # rows that leave their block part empty
                 assert plan == partial, where
             if plan.path == "split":
                 assert plan.split * plan.block_n >= n, where
@@ -409,7 +409,7 @@ def test_gpu_backwards_at_benchmark_shapes(shape):
 
 # Row lengths and strides that are multiples of 8, 4, 2 and 1 but not 16: the kernels are
 # told the multiple (launch.stated_multiple_of), on every path (rows, loop, split).
-# Row lengths below a power of two take PARTIAL_BLOCK's rules (16-bit values).
+# Row lengths below a power of two take PARTIAL_BLOCK's rules (PARTIAL_BLOCK_FLOAT32's).
 ODD_ROWS = [(1000, 200, None), (1000, 4104, None), (1000, 4100, None), (1000, 4098, None),
             (1000, 4097, None), (300, 4104, 4120), (300, 4096, 4104), (200, 20008, None),
             (64, 131080, None), (1000, 1536, None), (1000, 2560, None), (500, 10240, None)]
