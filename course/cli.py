@@ -176,17 +176,6 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _shapes(text: str) -> list[tuple[int, int]]:
-    """'8192x5120,4096x7168' -> [(8192, 5120), (4096, 7168)]."""
-    shapes = []
-    for part in _split(text):
-        dims = part.lower().split("x")
-        if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise ValueError(f"--shapes wants rows x columns such as 8192x5120, not {part!r}")
-        shapes.append((int(dims[0]), int(dims[1])))
-    return shapes
-
-
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -200,7 +189,7 @@ def bench(args: argparse.Namespace) -> int:
               f" dtypes: {', '.join(shootout.DTYPES)}")
         return 2
     try:
-        shapes = _shapes(args.shapes)
+        shapes = shootout.parse_shapes(args.shapes)
     except ValueError as exc:
         print(f"course bench: {exc}")
         return 2

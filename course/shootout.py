@@ -60,6 +60,19 @@ RECORDED_RUN = Path(__file__).parent / "data" / "bench-h100-2026-11-24.csv"
 RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-24"
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'8192x5120,4096x7168' -> [(8192, 5120), (4096, 7168)], as `--shapes` takes them."""
+    shapes = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        dims = part.lower().split("x")
+        if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise ValueError(f"--shapes wants rows x columns such as 8192x5120, not {part!r}")
+        shapes.append((int(dims[0]), int(dims[1])))
+    return shapes
+
+
 def load_rows(path: Path = RECORDED_RUN) -> list[Row]:
     """The rows of a CSV written by `course bench` (by default the recorded H100 run)."""
     def number(text: str) -> float | None:

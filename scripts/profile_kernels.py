@@ -58,8 +58,7 @@ def main() -> None:
     wanted = [name for name in args.impls.split(",") if name]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for op in args.ops.split(","):
-        for shape in args.shapes.split(","):
-            M, N = (int(v) for v in shape.split("x"))
+        for M, N in shootout.parse_shapes(args.shapes):
             nbytes = shootout.ideal_bytes(op, M, N, dtype)
             sets = [shootout.make_inputs(op, M, N, dtype, seed=s)
                     for s in range(bench.copies_needed(nbytes))]

@@ -121,8 +121,7 @@ def main() -> None:
         sys.exit(str(exc))
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s", flush=True)
     results = []
-    for shape in args.shapes.split(","):
-        M, N = (int(v) for v in shape.split("x"))
+    for M, N in shootout.parse_shapes(args.shapes):
         nbytes = shootout.ideal_bytes(OP, M, N, torch.bfloat16)
         floor_s = nbytes / copy
         sets = [shootout.make_inputs(OP, M, N, torch.bfloat16, seed=s)

@@ -162,8 +162,7 @@ def main() -> None:
                         REGISTERS_PER_SM)
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs", flush=True)
     results = []
-    shapes = shootout.SHAPES if args.shapes == "all" else [
-        tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = shootout.SHAPES if args.shapes == "all" else shootout.parse_shapes(args.shapes)
     for op in args.ops.split(","):
         for M, N in shapes:
             if (op.endswith("_bwd") and N > 65536) or N < args.min_n:
