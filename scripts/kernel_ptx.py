@@ -57,6 +57,7 @@ CASES = [
                                             BLOCK_N=16384, OUT_BLOCK=8192)),
     (rms.rmsnorm_bwd_rows_kernel, 8, dict(HAS_WEIGHT=True, RELOAD=False, SUM_EACH_STEP=True,
                                           PREFETCH=True, BLOCK_M=2, BLOCK_N=4096)),
+    (rms.rmsnorm_bwd_pieces_kernel, 4, dict(HAS_WEIGHT=True, HEAD=4096, TAIL=1024)),
     (rms.rmsnorm_bwd_loop_kernel, 8, dict(HAS_WEIGHT=True, BLOCK_N=4096)),
     (rms.rmsnorm_bwd_split_kernel, 8, dict(HAS_WEIGHT=True, SPLIT=4, BLOCK_N=8192)),
     (ln.layernorm_fwd_rows_kernel, 4, dict(HAS_WEIGHT=True, HAS_BIAS=True, STORE_STATS=False,

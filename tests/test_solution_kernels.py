@@ -43,6 +43,7 @@ RELOAD_BWD = BackwardPlan("rows", 1, 512, 4, programs=3, reload=True)
 EACH_STEP_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, sum_each_step=True)
 # 37 rows over 3 programs, 4 rows a step: the last step of each program is partial
 PREFETCH_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, prefetch=True)
+PIECES_BWD = BackwardPlan("pieces", 1, 256, 4, programs=3)  # rows of 300: 256 + 64
 
 
 def _x(shape, dtype, seed=0, mean=0.0):
@@ -137,18 +138,43 @@ def test_the_loop_paths_match_reference_on_long_rows(plan):
     _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
-@pytest.mark.parametrize("path", ["rows", "loop", "reload", "each-step", "prefetch"])
+@pytest.mark.parametrize("path", ["rows", "loop", "reload", "each-step", "prefetch", "pieces"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rmsnorm_backward_matches_reference(dtype, path):
     x, dy, w = _x((37, 300), dtype), _x((37, 300), dtype, seed=7), _w(300, dtype)
     rstd = reference.rmsnorm_rstd(x).float()
     plan = {"loop": LOOP_BWD, "reload": RELOAD_BWD, "each-step": EACH_STEP_BWD,
-            "prefetch": PREFETCH_BWD}.get(path)
+            "prefetch": PREFETCH_BWD, "pieces": PIECES_BWD}.get(path)
     dx, dw = rmsnorm_backward(x, w, rstd, dy, plan)
     want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
     _assert_close("dx", dx, want_dx, dtype)
     assert dw.dtype == w.dtype
     _assert_sums_close("dw", dw, want_dw)
+
+
+@pytest.mark.parametrize("m, n, row_stride", [(9, 65, None), (9, 127, None), (9, 100, 102),
+                                              (20, 1536, None)], ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rmsnorm_backward_in_pieces(dtype, m, n, row_stride):
+    # A tail of one column (65 = 64 + 1), a tail that fills its piece (127 = 64 + 63, in a
+    # piece of 64), rows two values apart from their length, and a model width.
+    x, dy, w = _x((m, n), dtype, mean=1.0), _x((m, n), dtype, seed=7), _w(n, dtype)
+    if row_stride is not None:
+        x, dy = (_rows_apart(t, row_stride) for t in (x, dy))
+    plan = BackwardPlan("pieces", 1, 1 << (n.bit_length() - 1), 2, programs=4)
+    dx, dw = rmsnorm_backward(x, w, reference.rmsnorm_rstd(x).float(), dy, plan)
+    want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    _assert_sums_close("dw", dw, want_dw)
+
+
+def test_pieces_path_refuses_rows_its_pieces_do_not_cover():
+    x = _x((4, 512), torch.float32)
+    with pytest.raises(ValueError, match="rows of 257 to 512 columns .* got N = 600"):
+        BackwardPlan("pieces", 1, 256, 4, programs=2).tail_for(600)
+    with pytest.raises(ValueError, match="got N = 512"):
+        rmsnorm_backward(x, None, reference.rmsnorm_rstd(x).float(), x,
+                         BackwardPlan("pieces", 1, 512, 4, programs=2))
 
 
 @pytest.mark.parametrize("path", ["rows", "loop", "each-step", "prefetch"])
@@ -214,7 +240,12 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
         for n in lengths[: lengths.index(65537)]:
             for dtype in DTYPES:
                 bwd = backward_plan(4096, n, gpu, dtype=dtype, layernorm=op == "layernorm")
-                assert bwd.block_n * bwd.split >= n, f"{op} backward, N = {n}, {dtype}: {bwd}"
+                where = f"{op} backward, N = {n}, {dtype}: {bwd}"
+                if bwd.path == "pieces":  # rows below a power of two, in two pieces
+                    assert op != "layernorm" and n & (n - 1), where
+                    assert bwd.block_n < n <= bwd.block_n + bwd.tail_for(n), where
+                else:
+                    assert bwd.block_n * bwd.split >= n, where
 
 
 def test_kernels_are_told_only_the_multiples_triton_cannot_see():
@@ -409,10 +440,13 @@ def test_gpu_backwards_at_benchmark_shapes(shape):
 
 # Row lengths and strides that are multiples of 8, 4, 2 and 1 but not 16: the kernels are
 # told the multiple (launch.stated_multiple_of), on every path (rows, loop, split).
-# Row lengths below a power of two take PARTIAL_BLOCK's rules (PARTIAL_BLOCK_FLOAT32's).
+# Row lengths below a power of two take PARTIAL_BLOCK's rules (PARTIAL_BLOCK_FLOAT32's), and
+# RMSNorm's 16-bit backward the pieces path (4097: a tail of one column; 768 to 10240: each
+# row of PIECES_BACKWARD).
 ODD_ROWS = [(1000, 200, None), (1000, 4104, None), (1000, 4100, None), (1000, 4098, None),
             (1000, 4097, None), (300, 4104, 4120), (300, 4096, 4104), (200, 20008, None),
-            (64, 131080, None), (1000, 1536, None), (1000, 2560, None), (500, 10240, None)]
+            (64, 131080, None), (1000, 768, None), (1000, 1536, None), (1000, 2560, None),
+            (1000, 3072, None), (500, 5120, None), (500, 7168, None), (500, 10240, None)]
 
 
 @pytest.mark.gpu

@@ -105,9 +105,9 @@ class ForwardPlan(_LaunchOptions):
 
 @dataclass(frozen=True)
 class BackwardPlan(_LaunchOptions):
-    path: str           # "rows", "split" or "loop"
+    path: str           # "rows", "pieces", "split" or "loop"
     block_m: int        # rows per tile inside a program
-    block_n: int
+    block_n: int        # pieces path: the first piece's columns
     num_warps: int
     programs: int       # P: programs (row groups for "split") of kernel 1, each writing
                         # one float32 row of dW partial sums
@@ -120,6 +120,15 @@ class BackwardPlan(_LaunchOptions):
 
     def rows_per_program(self, M: int) -> int:
         return math.ceil(M / self.programs)
+
+    def tail_for(self, N: int) -> int:
+        """Pieces path: columns of a row's second piece, the power of two that covers what
+        the first piece (block_n columns) leaves of a row of N."""
+        if not self.block_n < N <= 2 * self.block_n:
+            raise ValueError(f"the pieces path holds rows of {self.block_n + 1} to "
+                             f"{2 * self.block_n} columns in pieces of {self.block_n} and "
+                             f"the rest; got N = {N}")
+        return next_power_of_2(N - self.block_n)
 
 
 def stated_multiple_of(*values: int) -> int:
@@ -299,6 +308,35 @@ RMS_BACKWARD_ROWS = {256: (8, 1, 8, True, True), 512: (4, 2, 4, False, True),
                      1024: (8, 4, 4, True, False),
                      2048: (4, 8, 1, False, True), 4096: (2, 16, 1, False, True),
                      8192: (1, 16, 1, False, True)}
+# RMSNorm's backward, 16-bit rows of 513 to 12287 columns that are shorter than their block
+# (N not a power of two): the pieces path, each row held as half the block and the power of
+# two that covers the rest. By the columns the two pieces hold, up to: (warps, programs per
+# SM). From `tune_kernels.py` at 29 lengths from 384 to 14336 columns (docs/benchmarks.md),
+# where the plan below was within 2 points of copy of the best pieces plan at every length
+# but one (640: 1.5; 3072 and 6144: 2.1 and 1.7), and the rows path's rules 2 to 10 points
+# behind at most lengths. Two kinds of plan win: about 16 values a thread on 16 warps an SM,
+# or 36 to 48 a thread on 8 warps an SM (as many as their registers let on); either way the
+# next rows' loads in flight come to 32 to 40 KB an SM. Between them, 20 to 24 values a
+# thread on 16 warps lost up to 8 points. Rows of 512 or fewer want several rows a step;
+# two pieces of 8192 need more registers than an SM has (5 % of copy at 14336, spilling);
+# float32 rows measured within a point of the rows path's rules.
+PIECES_BACKWARD = ((1152, 2, 8), (2048, 8, 4), (2560, 2, 4), (4352, 8, 2), (6144, 4, 2),
+                   (8192, 16, 1), (12288, 8, 1))
+
+
+def pieces_plan(M: int, N: int, element_size: int, sms: int) -> BackwardPlan | None:
+    """The pieces path's plan for RMSNorm's backward, or None where it is not used."""
+    block_n = next_power_of_2(N)
+    if element_size != 2 or N == block_n or N <= 512:
+        return None
+    head = block_n // 2
+    held = head + next_power_of_2(N - head)
+    for most_held, warps, per_sm in PIECES_BACKWARD:
+        if held <= most_held:
+            return BackwardPlan("pieces", 1, head, warps, min(M, per_sm * sms))
+    return None
+
+
 # LayerNorm's backward, short rows, the same fields: 4 programs per SM of 2 to 4 warps, as
 # for RMSNorm. The sweep took 256, 512 and 1024 from 48.1, 53.7 and 65.8 % of copy (the
 # general rule below) to 58.2, 75.7 and 84.0 %.
@@ -320,6 +358,9 @@ def backward_plan(M: int, N: int, device: torch.device, *,
     sms = _multiprocessors(device)
     block_n = next_power_of_2(N)
     register_limit = BACKWARD_REGISTER_BLOCK // (2 if layernorm else 1)
+    pieces = None if layernorm else pieces_plan(M, N, dtype.itemsize, sms)
+    if pieces is not None:
+        return pieces
     if not layernorm and block_n == BACKWARD_REGISTER_BLOCK:
         return BackwardPlan("rows", 1, block_n, 16, min(M, sms), reload=True)
     rows_rules = LN_BACKWARD_ROWS if layernorm else RMS_BACKWARD_ROWS

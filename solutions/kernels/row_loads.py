@@ -68,3 +68,14 @@ def take_prefetched(x_ptr, dy_ptr, x_next, dy_next, start, last, cols, col_mask,
     x_after, dy_after = load_x_dy(x_ptr, dy_ptr, start + BLOCK_M, last, cols, col_mask,
                                   stride_x_row, stride_dy_row, BLOCK_M)
     return x_next.to(tl.float32), dy_next.to(tl.float32), x_after, dy_after
+
+
+@triton.jit
+def load_row_piece(x_ptr, dy_ptr, row, last, cols, col_mask, stride_x_row, stride_dy_row):
+    """x and dy of one row's columns `cols` (nothing when the row is `last` or beyond), as
+    stored: the pieces path's loads, issued a row ahead."""
+    # the row test as a tensor: the interpreter takes no scalar in a mask
+    mask = col_mask & ((row + cols * 0) < last)
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + row * stride_dy_row + cols, mask=mask, other=0.0)
+    return x, dy
