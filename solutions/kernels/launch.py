@@ -311,16 +311,17 @@ RMS_BACKWARD_ROWS = {256: (8, 1, 8, True, True), 512: (4, 2, 4, False, True),
 # RMSNorm's backward, 16-bit rows of 513 to 12287 columns that are shorter than their block
 # (N not a power of two): the pieces path, each row held as half the block and the power of
 # two that covers the rest. By the columns the two pieces hold, up to: (warps, programs per
-# SM). From `tune_kernels.py` at 29 lengths from 384 to 14336 columns (docs/benchmarks.md),
-# where the plan below was within 2 points of copy of the best pieces plan at every length
-# but one (640: 1.5; 3072 and 6144: 2.1 and 1.7), and the rows path's rules 2 to 10 points
-# behind at most lengths. Two kinds of plan win: about 16 values a thread on 16 warps an SM,
-# or 36 to 48 a thread on 8 warps an SM (as many as their registers let on); either way the
-# next rows' loads in flight come to 32 to 40 KB an SM. Between them, 20 to 24 values a
-# thread on 16 warps lost up to 8 points. Rows of 512 or fewer want several rows a step;
-# two pieces of 8192 need more registers than an SM has (5 % of copy at 14336, spilling);
-# float32 rows measured within a point of the rows path's rules.
-PIECES_BACKWARD = ((1152, 2, 8), (2048, 8, 4), (2560, 2, 4), (4352, 8, 2), (6144, 4, 2),
+# SM). From `tune_kernels.py` at 44 lengths from 384 to 14336 columns, in three sweeps (the
+# third at 16 lengths the first two had not measured; docs/benchmarks.md): at every length
+# from 640 to 12288 the plan below was within 2 points of copy of the best pieces plan; at
+# model widths the rows path's rules measured level with it to 12 points behind (4104).
+# Two kinds of plan win: about 16 values a thread on 16 warps an SM, or 36 to 48 a thread
+# on 8 warps an SM (as many as their registers let on); either way the next rows' loads in
+# flight come to 32 to 40 KB an SM. Between them, 20 to 24 values a thread on 16 warps lost
+# up to 8 points. Rows of 512 or fewer want several rows a step; two pieces of 8192 need
+# more registers than an SM has (5 % of copy at 14336, spilling); float32 rows measured
+# within a point of the rows path's rules.
+PIECES_BACKWARD = ((1152, 2, 8), (2048, 8, 4), (2560, 2, 4), (4352, 8, 2), (5120, 4, 2),
                    (8192, 16, 1), (12288, 8, 1))
 
 
