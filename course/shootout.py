@@ -255,19 +255,23 @@ def format_table(rows: Sequence[Row], op: str, dtype: str) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16") -> None:
+def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16"):
     """% of copy bandwidth against N, one panel per op, one colour per implementation
-    (the same colour in every panel), ours drawn thickest."""
+    (the same colour in every panel), ours drawn thickest; the legend in a panel of its
+    own. Returns the figure."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     ops = [op for op in peers.OPS if any(r.op == op and r.dtype == dtype for r in rows)]
     names = list(dict.fromkeys(r.impl for r in rows if r.dtype == dtype))
     colours = {name: f"C{i}" for i, name in enumerate(names)}
-    cols = min(3, len(ops))
+    # One panel more than there are ops, for the legend: a legend below the panels was cut
+    # off when the ops filled every panel (one op, or three).
+    panels = len(ops) + 1
+    cols = min(3, panels)
     # A bare Figure: no pyplot, so a notebook's plotting backend is left alone.
-    fig = Figure(figsize=(4.6 * cols, 3.6 * -(-len(ops) // cols)))
-    axes = fig.subplots(-(-len(ops) // cols), cols, squeeze=False)
+    fig = Figure(figsize=(4.6 * cols, 3.6 * -(-panels // cols)))
+    axes = fig.subplots(-(-panels // cols), cols, squeeze=False)
     for ax in axes.flat[len(ops):]:
         ax.axis("off")
     for ax, op in zip(axes.flat, ops, strict=False):
@@ -286,13 +290,10 @@ def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16") -> None:
         ax.grid(True, alpha=0.3)
     handles = [Line2D([], [], color=colours[n], lw=2.6 if n == "ours" else 1.2,
                           marker="o", ms=3) for n in names]
-    spare = axes.flat[len(ops)] if len(ops) < axes.size else None
-    if spare is not None:
-        spare.legend(handles, names, loc="center", fontsize=9, frameon=False)
-    else:
-        fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=8)
+    axes.flat[len(ops)].legend(handles, names, loc="center", fontsize=9, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    return fig
 
 
 def run(ops: Sequence[str], dtypes: Sequence[str], out_dir: Path, *, shapes=SHAPES,
