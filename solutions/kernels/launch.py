@@ -308,7 +308,7 @@ RMS_BACKWARD_ROWS = {256: (8, 1, 8, True, True), 512: (4, 2, 4, False, True),
                      1024: (8, 4, 4, True, False),
                      2048: (4, 8, 1, False, True), 4096: (2, 16, 1, False, True),
                      8192: (1, 16, 1, False, True)}
-# RMSNorm's backward, 16-bit rows of 513 to 12287 columns that are shorter than their block
+# RMSNorm's backward, 16-bit rows of 513 to 12288 columns that are shorter than their block
 # (N not a power of two): the pieces path, each row held as half the block and the power of
 # two that covers the rest. By the columns the two pieces hold, up to: (warps, programs per
 # SM). From `tune_kernels.py` in bfloat16 at 46 lengths from 384 to 14336 columns, in three
@@ -316,13 +316,13 @@ RMS_BACKWARD_ROWS = {256: (8, 1, 8, True, True), 512: (4, 2, 4, False, True),
 # (docs/benchmarks.md): at every length from 640 to 12288 the plan below was within 2
 # points of copy of the best pieces plan. At model widths the rows path's rules measured
 # level with it to 12 points behind (4104), except at 6144, 1.5 points ahead. There 16
-# warps measured 1.7 points better in bfloat16, but 7 points worse in float16.
+# warps measured 1.7 points better in bfloat16, but 6 points worse in float16.
 # Two kinds of plan win: about 16 values a thread on 16 warps an SM, or 36 to 48 a thread
 # on 8 warps an SM (as many as their registers let on); either way the next rows' loads in
 # flight come to 32 to 40 KB an SM. Between them, 20 to 24 values a thread on 16 warps lost
 # up to 8 points. Rows of 512 or fewer want several rows a step; two pieces of 8192 need
-# more registers than an SM has (5 % of copy at 14336, spilling); float32 rows measured
-# within a point of the rows path's rules.
+# more registers than a thread can have (5 % of copy at 14336, spilling); float32 rows
+# measured at most 1.6 points faster as pieces than on the rows path's rules.
 PIECES_BACKWARD = ((1152, 2, 8), (2048, 8, 4), (2560, 2, 4), (4352, 8, 2), (6144, 4, 2),
                    (8192, 16, 1), (12288, 8, 1))
 
