@@ -357,7 +357,8 @@ def backward_plan(M: int, N: int, device: torch.device, *,
     RMSNorm at N = 16384: one program per SM of 16 warps loads a whole row of x and dy at
     once, sums, and reads them again for dx (`reload`), so only the dW sums stay in
     registers. Longer rows are split: SPLIT programs share a row, and each publishes row
-    i's partial sum before finishing row i - 1, so the exchange's wait overlaps loads."""
+    i's partial sum before finishing row i - 1, so the exchange's wait overlaps loads.
+    RMSNorm's 16-bit rows below a power of two take the pieces path (`pieces_plan`)."""
     sms = _multiprocessors(device)
     block_n = next_power_of_2(N)
     register_limit = BACKWARD_REGISTER_BLOCK // (2 if layernorm else 1)
