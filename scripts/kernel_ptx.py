@@ -71,6 +71,7 @@ CASES = [
                                            BLOCK_M=2, BLOCK_N=4096)),
     (ln.layernorm_bwd_rows_kernel, 8, dict(HAS_WEIGHT=True, SUM_EACH_STEP=False,
                                            PREFETCH=False, BLOCK_M=2, BLOCK_N=1024)),
+    (ln.layernorm_bwd_pieces_kernel, 4, dict(HAS_WEIGHT=True, HEAD=4096, TAIL=1024)),
     (ln.layernorm_bwd_loop_kernel, 8, dict(HAS_WEIGHT=True, BLOCK_N=4096)),
     (ln.layernorm_bwd_split_kernel, 8, dict(HAS_WEIGHT=True, SPLIT=4, BLOCK_N=8192)),
     (sums_module.column_sums_kernel, 4, dict(BLOCK_P=256, BLOCK_N=16)),

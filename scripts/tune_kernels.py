@@ -91,12 +91,11 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
     return out
 
 
-def backward_candidates(M: int, N: int, sms: int, registers_per_sm: int = REGISTERS_PER_SM,
-                        pieces: bool = False) -> list[BackwardPlan]:
-    """`pieces`: also the pieces path (RMSNorm's only), for N below a power of two."""
+def backward_candidates(M: int, N: int, sms: int, registers_per_sm: int = REGISTERS_PER_SM
+                        ) -> list[BackwardPlan]:
     block_n = 1 << (N - 1).bit_length()
     out = []
-    if pieces and N < block_n <= 16384:  # the row as block_n / 2 columns and the rest
+    if N < block_n <= 16384:  # the pieces path: the row as block_n / 2 columns and the rest
         for warps in (2, 4, 8, 16):
             for k in (1, 2, 4, 8):
                 if 2 <= N / (32 * warps) <= 64 and warps * k <= 64 and k * sms <= M:
@@ -184,8 +183,7 @@ def main() -> None:
                        launch.backward_plan(M, N, device, dtype=dtype,
                                             layernorm=op.startswith("layernorm")))
             cands = (forward_candidates(N, sms) if op.endswith("fwd")
-                     else backward_candidates(M, N, sms, registers,
-                                              pieces=op == "rmsnorm_bwd"))
+                     else backward_candidates(M, N, sms, registers))
             timed = []
             paths = args.paths.split(",")
             for plan in [default] + [c for c in cands if c != default and c.path in paths]:

@@ -155,7 +155,7 @@ def test_rmsnorm_backward_matches_reference(dtype, path):
 @pytest.mark.parametrize("m, n, row_stride", [(9, 65, None), (9, 127, None), (9, 100, 102),
                                               (20, 1536, None)], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rmsnorm_backward_in_pieces(dtype, m, n, row_stride):
+def test_backwards_in_pieces(dtype, m, n, row_stride):
     # A tail of one column (65 = 64 + 1), a tail that fills its piece (127 = 64 + 63, in a
     # piece of 64), rows two values apart from their length, and a model width.
     x, dy, w = _x((m, n), dtype, mean=1.0), _x((m, n), dtype, seed=7), _w(n, dtype)
@@ -166,6 +166,13 @@ def test_rmsnorm_backward_in_pieces(dtype, m, n, row_stride):
     want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
     _assert_close("dx", dx, want_dx, dtype)
     _assert_sums_close("dw", dw, want_dw)
+    b = _x(n, dtype, seed=3)
+    mean, rstd = (s.float() for s in reference.layernorm_stats(x))
+    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
+    want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    _assert_sums_close("dw", dw, want_dw)
+    _assert_sums_close("db", db, want_db)
 
 
 def test_pieces_path_refuses_rows_its_pieces_do_not_cover():
@@ -177,13 +184,14 @@ def test_pieces_path_refuses_rows_its_pieces_do_not_cover():
                          BackwardPlan("pieces", 1, 512, 4, programs=2))
 
 
-@pytest.mark.parametrize("path", ["rows", "loop", "each-step", "prefetch"])
+@pytest.mark.parametrize("path", ["rows", "loop", "each-step", "prefetch", "pieces"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_layernorm_backward_matches_reference(dtype, path):
     x, dy = _x((37, 300), dtype, mean=2.0), _x((37, 300), dtype, seed=7)
     w, b = _w(300, dtype), _x(300, dtype, seed=3)
     mean, rstd = (s.float() for s in reference.layernorm_stats(x))
-    plan = {"loop": LOOP_BWD, "each-step": EACH_STEP_BWD, "prefetch": PREFETCH_BWD}.get(path)
+    plan = {"loop": LOOP_BWD, "each-step": EACH_STEP_BWD, "prefetch": PREFETCH_BWD,
+            "pieces": PIECES_BWD}.get(path)
     dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
     want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
     _assert_close("dx", dx, want_dx, dtype)
@@ -242,7 +250,7 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
                 bwd = backward_plan(4096, n, gpu, dtype=dtype, layernorm=op == "layernorm")
                 where = f"{op} backward, N = {n}, {dtype}: {bwd}"
                 if bwd.path == "pieces":  # rows below a power of two, in two pieces
-                    assert op != "layernorm" and n & (n - 1), where
+                    assert n & (n - 1), where
                     assert bwd.block_n < n <= bwd.block_n + bwd.tail_for(n), where
                 else:
                     assert bwd.block_n * bwd.split >= n, where
@@ -441,8 +449,8 @@ def test_gpu_backwards_at_benchmark_shapes(shape):
 # Row lengths and strides that are multiples of 8, 4, 2 and 1 but not 16: the kernels are
 # told the multiple (launch.stated_multiple_of), on every path (rows, loop, split).
 # Row lengths below a power of two take PARTIAL_BLOCK's rules (PARTIAL_BLOCK_FLOAT32's), and
-# RMSNorm's 16-bit backward the pieces path (4097: a tail of one column; 768 to 10240: each
-# row of PIECES_BACKWARD).
+# 16-bit backwards the pieces path (4097: a tail of one column; 768 to 10240: each row of
+# RMS_BACKWARD_PIECES and LN_BACKWARD_PIECES).
 ODD_ROWS = [(1000, 200, None), (1000, 4104, None), (1000, 4100, None), (1000, 4098, None),
             (1000, 4097, None), (300, 4104, 4120), (300, 4096, 4104), (200, 20008, None),
             (64, 131080, None), (1000, 768, None), (1000, 1536, None), (1000, 2560, None),

@@ -323,18 +323,32 @@ RMS_BACKWARD_ROWS = {256: (8, 1, 8, True, True), 512: (4, 2, 4, False, True),
 # up to 8 points. Rows of 512 or fewer want several rows a step; two pieces of 8192 need
 # more registers than a thread can have (5 % of copy at 14336, spilling); float32 rows
 # measured at most 1.6 points faster as pieces than on the rows path's rules.
-PIECES_BACKWARD = ((1152, 2, 8), (2048, 8, 4), (2560, 2, 4), (4352, 8, 2), (6144, 4, 2),
+RMS_BACKWARD_PIECES = ((1152, 2, 8), (2048, 8, 4), (2560, 2, 4), (4352, 8, 2), (6144, 4, 2),
                    (8192, 16, 1), (12288, 8, 1))
 
 
-def pieces_plan(M: int, N: int, element_size: int, sms: int) -> BackwardPlan | None:
-    """The pieces path's plan for RMSNorm's backward, or None where it is not used."""
+# LayerNorm's backward, the same for its 16-bit rows of 513 to 10240 columns
+# (`tune_kernels.py --ops layernorm_bwd --paths pieces`, bfloat16 at 22 lengths from 768 to
+# 12288 columns, float16 at 8; docs/benchmarks.md). The plan below was the best pieces
+# plan at each length swept, and from 1152 columns on 9 to 32 points of copy ahead of the
+# rows and split paths' rules (4104: 86.1 % against 57.9; 9216: 88.9 against 56.9; at 768,
+# 1.9). With dB's sums and the two row sums beside RMSNorm's, its registers run out
+# sooner: pieces holding 12288 columns measured 58 to 65 %, below the split path's 64 to
+# 68, and those rows keep it.
+LN_BACKWARD_PIECES = ((1024, 2, 8), (2048, 4, 4), (2560, 2, 4), (3072, 8, 2), (5120, 4, 2),
+                      (8192, 16, 1), (10240, 8, 1))
+
+
+def pieces_plan(M: int, N: int, element_size: int, sms: int, *, layernorm: bool = False
+                ) -> BackwardPlan | None:
+    """The pieces path's plan for RMSNorm's or LayerNorm's backward, or None where it is
+    not used."""
     block_n = next_power_of_2(N)
     if element_size != 2 or N == block_n or N <= 512:
         return None
     head = block_n // 2
     held = head + next_power_of_2(N - head)
-    for most_held, warps, per_sm in PIECES_BACKWARD:
+    for most_held, warps, per_sm in LN_BACKWARD_PIECES if layernorm else RMS_BACKWARD_PIECES:
         if held <= most_held:
             return BackwardPlan("pieces", 1, head, warps, min(M, per_sm * sms))
     return None
@@ -358,11 +372,11 @@ def backward_plan(M: int, N: int, device: torch.device, *,
     once, sums, and reads them again for dx (`reload`), so only the dW sums stay in
     registers. Longer rows are split: SPLIT programs share a row, and each publishes row
     i's partial sum before finishing row i - 1, so the exchange's wait overlaps loads.
-    RMSNorm's 16-bit rows below a power of two take the pieces path (`pieces_plan`)."""
+    16-bit rows below a power of two take the pieces path (`pieces_plan`)."""
     sms = _multiprocessors(device)
     block_n = next_power_of_2(N)
     register_limit = BACKWARD_REGISTER_BLOCK // (2 if layernorm else 1)
-    pieces = None if layernorm else pieces_plan(M, N, dtype.itemsize, sms)
+    pieces = pieces_plan(M, N, dtype.itemsize, sms, layernorm=layernorm)
     if pieces is not None:
         return pieces
     if not layernorm and block_n == BACKWARD_REGISTER_BLOCK:

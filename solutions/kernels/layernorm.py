@@ -36,6 +36,7 @@ from solutions.kernels.launch import (
 )
 from solutions.kernels.row_loads import (
     bias_or_zeros,
+    load_row_piece,
     load_x_dy,
     stated_multiples,
     take_prefetched,
@@ -369,6 +370,68 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
 
 
 @triton.jit
+def layernorm_bwd_pieces_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
+                                M, N, stride_x_row, stride_dy_row, stride_dx_row,
+                                rows_per_program, stride_partial_set,
+                                HAS_WEIGHT: tl.constexpr, HEAD: tl.constexpr,
+                                TAIL: tl.constexpr, MULTIPLE: tl.constexpr):
+    # As rmsnorm_bwd_pieces_kernel: each row as HEAD columns and TAIL more, one row a step,
+    # the next row's loads first; with LayerNorm's two sums, and dB's sums beside dW's.
+    N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE)
+    pid = tl.program_id(0)
+    head = tl.arange(0, HEAD)
+    tail = HEAD + tl.arange(0, TAIL)
+    head_mask = head < N  # all true; a mask of the tail's form, for the row test
+    tail_mask = tail < N
+    w_head = weights_or_ones(w_ptr, head, head_mask, HAS_WEIGHT)
+    w_tail = weights_or_ones(w_ptr, tail, tail_mask, HAS_WEIGHT)
+    dw_head = tl.zeros([HEAD], dtype=tl.float32)
+    dw_tail = tl.zeros([TAIL], dtype=tl.float32)
+    db_head = tl.zeros([HEAD], dtype=tl.float32)
+    db_tail = tl.zeros([TAIL], dtype=tl.float32)
+    first = pid.to(tl.int64) * rows_per_program  # the loop's row is then 64-bit too
+    last = tl.minimum(first + rows_per_program, M)
+    x_head_next, dy_head_next = load_row_piece(x_ptr, dy_ptr, first, last, head, head_mask,
+                                               stride_x_row, stride_dy_row)
+    x_tail_next, dy_tail_next = load_row_piece(x_ptr, dy_ptr, first, last, tail, tail_mask,
+                                               stride_x_row, stride_dy_row)
+    for row in range(first, last):
+        x_head = x_head_next.to(tl.float32)
+        dy_head = dy_head_next.to(tl.float32)
+        x_tail = x_tail_next.to(tl.float32)
+        dy_tail = dy_tail_next.to(tl.float32)
+        x_head_next, dy_head_next = load_row_piece(x_ptr, dy_ptr, row + 1, last, head,
+                                                   head_mask, stride_x_row, stride_dy_row)
+        x_tail_next, dy_tail_next = load_row_piece(x_ptr, dy_ptr, row + 1, last, tail,
+                                                   tail_mask, stride_x_row, stride_dy_row)
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        # Past N, x_hat is -mean * rstd, not 0; dy and so g are 0 there, so nothing of it
+        # reaches the sums, and its dx is not stored.
+        x_hat_head = (x_head - mean) * rstd
+        x_hat_tail = (x_tail - mean) * rstd
+        g_head = dy_head * w_head
+        g_tail = dy_tail * w_tail
+        mean_g = (tl.sum(g_head, axis=0) + tl.sum(g_tail, axis=0)) / N
+        mean_xg = (tl.sum(x_hat_head * g_head, axis=0) + tl.sum(x_hat_tail * g_tail, axis=0)) / N
+        dx_row = dx_ptr + row * stride_dx_row
+        tl.store(dx_row + head, ((g_head - mean_g - x_hat_head * mean_xg) * rstd).to(
+            dx_ptr.dtype.element_ty))
+        tl.store(dx_row + tail, ((g_tail - mean_g - x_hat_tail * mean_xg) * rstd).to(
+            dx_ptr.dtype.element_ty), mask=tail_mask)
+        dw_head += dy_head * x_hat_head
+        dw_tail += dy_tail * x_hat_tail
+        db_head += dy_head
+        db_tail += dy_tail
+    out = partial_ptr + pid.to(tl.int64) * N
+    tl.store(out + head, dw_head)
+    tl.store(out + tail, dw_tail, mask=tail_mask)
+    tl.store(out + stride_partial_set + head, db_head)
+    tl.store(out + stride_partial_set + tail, db_tail, mask=tail_mask)
+
+
+@triton.jit
 def _over_rows(acc, SUMMED: tl.constexpr):
     """A program's partial row: its per-row accumulators added up, unless already summed."""
     # One return: Triton 3.9 compiles a return inside a constexpr branch beside another
@@ -514,6 +577,10 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
                                                BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
                                                num_warps=plan.num_warps,
                                                num_stages=plan.num_stages)
+    elif plan.path == "pieces":
+        layernorm_bwd_pieces_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
+                                                 HEAD=plan.block_n, TAIL=plan.tail_for(N),
+                                                 MULTIPLE=multiple, num_warps=plan.num_warps)
     elif plan.path == "split":
         slots, epoch = exchange_slots(2 * M * plan.split, x.device)
         layernorm_bwd_split_kernel[(programs * plan.split,)](
