@@ -158,21 +158,8 @@ def test_rmsnorm_backward_matches_reference(dtype, path):
 def test_backwards_in_pieces(dtype, m, n, row_stride):
     # A tail of one column (65 = 64 + 1), a tail that fills its piece (127 = 64 + 63, in a
     # piece of 64), rows two values apart from their length, and a model width.
-    x, dy, w = _x((m, n), dtype, mean=1.0), _x((m, n), dtype, seed=7), _w(n, dtype)
-    if row_stride is not None:
-        x, dy = (_rows_apart(t, row_stride) for t in (x, dy))
     plan = BackwardPlan("pieces", 1, 1 << (n.bit_length() - 1), 2, programs=4)
-    dx, dw = rmsnorm_backward(x, w, reference.rmsnorm_rstd(x).float(), dy, plan)
-    want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
-    _assert_close("dx", dx, want_dx, dtype)
-    _assert_sums_close("dw", dw, want_dw)
-    b = _x(n, dtype, seed=3)
-    mean, rstd = (s.float() for s in reference.layernorm_stats(x))
-    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
-    want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
-    _assert_close("dx", dx, want_dx, dtype)
-    _assert_sums_close("dw", dw, want_dw)
-    _assert_sums_close("db", db, want_db)
+    _check_backwards((m, n), dtype, row_stride, plan)
 
 
 def test_pieces_path_refuses_rows_its_pieces_do_not_cover():
@@ -412,20 +399,20 @@ def test_gpu_forwards_where_the_launch_rules_depend_on_the_dtype(dtype, n):
     _check_forwards((259, n), dtype)
 
 
-def _check_backwards(shape, dtype, row_stride=None):
-    """RMSNorm's and LayerNorm's backward, each on the plan its launch rules pick, against
-    the float64 reference; x and dy rows `row_stride` apart when given."""
+def _check_backwards(shape, dtype, row_stride=None, plan=None):
+    """RMSNorm's and LayerNorm's backward, each on `plan` or the plan its launch rules
+    pick, against the float64 reference; x and dy rows `row_stride` apart when given."""
     x, dy, w = _x(shape, dtype, mean=1.0), _x(shape, dtype, seed=7), _w(shape[1], dtype)
     if row_stride is not None:
         x, dy = (_rows_apart(t, row_stride) for t in (x, dy))
     rstd = reference.rmsnorm_rstd(x).float()
-    dx, dw = rmsnorm_backward(x, w, rstd, dy)
+    dx, dw = rmsnorm_backward(x, w, rstd, dy, plan)
     want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
     _assert_close("dx", dx, want_dx, dtype)
     _assert_sums_close("dw", dw, want_dw)
     b = _x(shape[1], dtype, seed=3)
     mean, rstd = (s.float() for s in reference.layernorm_stats(x))
-    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy)
+    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
     want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
     _assert_close("dx", dx, want_dx, dtype)
     _assert_sums_close("dw", dw, want_dw)
@@ -493,20 +480,8 @@ def test_gpu_split_path_with_odd_n(dtype, split, reload):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n, block", [(20000, 4096), (4099, 1024), (65536, 4096)])
 def test_gpu_backward_split_path(dtype, n, block):
-    x, dy = _x((301, n), dtype, mean=1.0), _x((301, n), dtype, seed=7)
-    w, b = _w(n, dtype), _x(n, dtype, seed=3)
     plan = BackwardPlan("split", 1, block, 8, 40, split=next_power_of_2_split(n, block))
-    rstd = reference.rmsnorm_rstd(x).float()
-    dx, dw = rmsnorm_backward(x, w, rstd, dy, plan)
-    want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
-    _assert_close("dx", dx, want_dx, dtype)
-    _assert_sums_close("dw", dw, want_dw)
-    mean, rstd = (s.float() for s in reference.layernorm_stats(x))
-    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
-    want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
-    _assert_close("dx", dx, want_dx, dtype)
-    _assert_sums_close("dw", dw, want_dw)
-    _assert_sums_close("db", db, want_db)
+    _check_backwards((301, n), dtype, plan=plan)
 
 
 
