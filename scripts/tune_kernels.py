@@ -1,7 +1,7 @@
 """Sweep the reference kernels' launch plans on the GPU in hand; print the best per shape.
 
     python scripts/tune_kernels.py [--ops rmsnorm_fwd,rmsnorm_bwd,...] [--shapes MxN,...]
-                                   [--paths rows,loop,split] [--dtype bfloat16] [--out DIR]
+                                   [--paths rows,pieces,loop,split] [--dtype bfloat16] [--out DIR]
 
 The winners are copied by hand into solutions/kernels/launch.py (as rules, not a table),
 and the sweep's output is summarised in docs/benchmarks.md.
@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--ops", default="rmsnorm_fwd,rmsnorm_bwd")
     parser.add_argument("--shapes", default="all")
     parser.add_argument("--min-n", type=int, default=0, help="skip shapes with fewer columns")
-    parser.add_argument("--paths", default="rows,loop,split",
+    parser.add_argument("--paths", default="rows,pieces,loop,split",
                         help="candidate plans of these paths only (the rule always runs)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
