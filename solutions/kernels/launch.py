@@ -323,8 +323,8 @@ RMS_BACKWARD_ROWS = {256: (8, 1, 8, True, True), 512: (4, 2, 4, False, True),
 # up to 8 points. Rows of 512 or fewer want several rows a step; two pieces of 8192 need
 # more registers than a thread can have (5 % of copy at 14336, spilling); float32 rows
 # measured at most 1.6 points faster as pieces than on the rows path's rules.
-RMS_BACKWARD_PIECES = ((1152, 2, 8), (2048, 8, 4), (2560, 2, 4), (4352, 8, 2), (6144, 4, 2),
-                   (8192, 16, 1), (12288, 8, 1))
+RMS_BACKWARD_PIECES = ((1152, 2, 8), (2048, 8, 4), (2560, 2, 4), (4352, 8, 2),
+                       (6144, 4, 2), (8192, 16, 1), (12288, 8, 1))
 
 
 # LayerNorm's backward, the same for its 16-bit rows of 513 to 10240 columns
