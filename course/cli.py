@@ -141,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Report versions and where kernels run, then run a tiny "
                                     "Triton kernel; exit status 1 if anything is broken.")
     from course import peers
+    from course.bench import TIMERS
 
     bench = commands.add_parser(
         "bench", help="measure the reference kernels against the peers (needs a GPU)",
@@ -156,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="measure these shapes, in every dtype asked for (default: the "
                             "benchmark's shapes in bfloat16, a subset of them otherwise)")
     bench.add_argument("--reps", type=int, default=50)
+    bench.add_argument("--timer", default="call", choices=TIMERS,
+                       help="call: each call alone between two events (default); graph: "
+                            "calls back to back in a CUDA graph, as a model runs them")
     bench.add_argument("--out", default="bench-results", help="folder for CSV, JSON and plot")
     grade = commands.add_parser(
         "grade", help="grade a chapter notebook as the autograder does (hidden tests too)",
@@ -196,7 +200,7 @@ def bench(args: argparse.Namespace) -> int:
     chosen = {"shapes": shapes, "subset": shapes} if shapes else {}
     try:
         shootout.run(ops, _split(args.dtypes), Path(args.out), impls=_split(args.impls) or None,
-                     reps=args.reps, **chosen)
+                     reps=args.reps, timer=args.timer, **chosen)
     except hardware.NeedsGPU as exc:
         print(f"course bench: {exc}")
         return 1

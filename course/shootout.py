@@ -173,12 +173,13 @@ def column_sum_error(name: str, got: torch.Tensor, want: torch.Tensor,
 
 
 def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[str] | None,
-              reps: int, copy: float, eps: float = 1e-6, rounds: int = 2) -> list[Row]:
+              reps: int, copy: float, eps: float = 1e-6, rounds: int = 2,
+              timer: str = "call") -> list[Row]:
     """Check every implementation at one shape, then time those that passed in `rounds`
     rounds, each implementation once a round (in reverse order every other round), keeping
     its fastest median: a transient stall of the machine (seen once, a 15x slower median)
     must not stand as a kernel's speed, and no implementation is always the one timed first,
-    right after the inputs and the float64 reference were made."""
+    right after the inputs and the float64 reference were made. `timer`: `bench.TIMERS`."""
     nbytes = ideal_bytes(op, M, N, dtype)
     inputs = make_inputs(op, M, N, dtype)
     want = expected(op, inputs, eps)
@@ -209,7 +210,8 @@ def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[st
             continue
         started = time.perf_counter()
         try:
-            seconds = bench.time_in_turn(calls, warmup=5, reps=reps, hide_launch=True).median_s
+            seconds = bench.time_in_turn(calls, warmup=5, reps=reps, hide_launch=True,
+                                         timer=timer).median_s
             row.seconds = seconds if row.seconds is None else min(row.seconds, seconds)
         except Exception as exc:
             row.status, row.seconds = _error(exc), None
@@ -297,15 +299,16 @@ def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16"):
 
 
 def run(ops: Sequence[str], dtypes: Sequence[str], out_dir: Path, *, shapes=SHAPES,
-        impls: Sequence[str] | None = None, reps: int = 50, subset=SUBSET) -> list[Row]:
+        impls: Sequence[str] | None = None, reps: int = 50, subset=SUBSET,
+        timer: str = "call") -> list[Row]:
     if not runtime.on_gpu():
         raise hardware.NeedsGPU("course bench measures bandwidth: it needs a CUDA GPU "
                                 "(no GPU is visible here)")
     out_dir.mkdir(parents=True, exist_ok=True)
     copy = hardware.copy_bandwidth()
-    env = environment() | {"copy_gbps": copy / 1e9}
+    env = environment() | {"copy_gbps": copy / 1e9, "timer": timer}
     print(f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}: copy bandwidth "
-          f"{copy / 1e9:.0f} GB/s", flush=True)
+          f"{copy / 1e9:.0f} GB/s; timer: {timer}", flush=True)
     rows: list[Row] = []
     for dname in dtypes:
         dtype = DTYPES[dname]
@@ -313,7 +316,8 @@ def run(ops: Sequence[str], dtypes: Sequence[str], out_dir: Path, *, shapes=SHAP
             for M, N in (shapes if dname == "bfloat16" else subset):
                 if op.endswith("_bwd") and N > 65536:
                     continue  # the issue's backward table stops at 65536
-                point = run_point(op, M, N, dtype, impls=impls, reps=reps, copy=copy)
+                point = run_point(op, M, N, dtype, impls=impls, reps=reps, copy=copy,
+                                  timer=timer)
                 rows.extend(point)
                 # Wall times too: a run must fit the GPU machine's call limit, and they say
                 # which implementation's compiling or timing takes it.

@@ -1,7 +1,8 @@
 """Sweep the reference kernels' launch plans on the GPU in hand; print the best per shape.
 
     python scripts/tune_kernels.py [--ops rmsnorm_fwd,rmsnorm_bwd,...] [--shapes MxN,...]
-                                   [--paths rows,pieces,loop,split] [--dtype bfloat16] [--out DIR]
+                                   [--paths rows,pieces,loop,split] [--dtype bfloat16]
+                                   [--timer call|graph] [--out DIR]
 
 The winners are copied by hand into solutions/kernels/launch.py (as rules, not a table),
 and the sweep's output is summarised in docs/benchmarks.md.
@@ -158,6 +159,8 @@ def main() -> None:
     parser.add_argument("--paths", default="rows,pieces,loop,split",
                         help="candidate plans of these paths only (the rule always runs)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--timer", default="call", choices=bench.TIMERS,
+                        help="how each plan is timed (bench.time_in_turn)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -189,11 +192,11 @@ def main() -> None:
             for plan in [default] + [c for c in cands if c != default and c.path in paths]:
                 try:
                     tm = bench.time_in_turn([runner(op, t, plan) for t in sets], warmup=3,
-                                            reps=20, hide_launch=True)
+                                            reps=20, hide_launch=True, timer=args.timer)
                     frac = nbytes / tm.median_s / copy
                     timed.append((frac, plan))
                     results.append({"op": op, "dtype": args.dtype, "M": M, "N": N,
-                                    "plan": repr(plan), "fraction": frac,
+                                    "plan": repr(plan), "fraction": frac, "timer": args.timer,
                                     "default": plan == default})
                 except Exception as exc:
                     print(f"  {plan}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)

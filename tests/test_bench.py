@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import weakref
 
 from course import bench, runtime
@@ -89,3 +90,43 @@ def test_the_latest_outputs_stay_alive_so_no_repetition_reuses_fresh_memory(monk
 
     bench.time_fn(fresh_output, warmup=2, reps=20)
     assert alive_before_each_call == list(range(13)) + [12] * 9
+
+
+def test_time_in_turn_refuses_an_unknown_timer():
+    with pytest.raises(ValueError, match="timer must be one of call, graph, got 'wall'"):
+        bench.time_in_turn([lambda: None], reps=1, timer="wall")
+    with pytest.raises(ValueError, match="at least one call"):
+        bench.time_graph([], reps=1)
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="tests the CPU stand-in for a graph")
+def test_without_a_gpu_the_graph_timer_runs_the_calls_back_to_back():
+    # One slow call among three: each repetition is the three calls' time over three.
+    ran = []
+
+    def slow():
+        ran.append("slow")
+        time.sleep(0.006)
+
+    timing = bench.time_in_turn([slow, lambda: ran.append("a"), lambda: ran.append("b")],
+                                reps=4, timer="graph")
+    assert ran == ["slow", "a", "b"] * 4 and len(timing.times_s) == 4
+    assert all(0.002 <= t < 0.006 for t in timing.times_s)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_graph_timer_leaves_out_each_calls_start_and_drain():
+    # A short copy: timed alone, each call also pays for an idle GPU starting and draining
+    # a kernel; back to back in a graph it does not, and a long copy's time barely moves.
+    short = [torch.randn(4 << 20, device="cuda") for _ in range(8)]  # 16 MB each
+    calls = [lambda a=a: a.clone() for a in short]
+    alone = bench.time_in_turn(calls, warmup=3, reps=40, hide_launch=True).median_s
+    graph = bench.time_in_turn(calls, reps=20, timer="graph").median_s
+    assert graph < alone - 1e-6
+    one = torch.zeros(1, device="cuda")
+    tiny = [lambda: one + 1]  # a kernel with next to nothing to do
+    assert bench.time_graph(tiny, reps=10).median_s < bench.time_fn(
+        tiny[0], warmup=3, reps=20, hide_launch=True).median_s
+    with pytest.raises(RuntimeError):  # a call that synchronises cannot be captured
+        bench.time_graph([lambda: (one + 1).item()], reps=1)
+    assert bench.time_graph(tiny, reps=2).median_s > 0  # and the GPU works on afterwards

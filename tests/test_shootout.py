@@ -167,6 +167,12 @@ def test_bench_command_measures_the_shapes_asked_for_in_every_dtype(capsys, monk
     assert calls[0]["shapes"] == calls[0]["subset"] == [(8192, 5120), (4096, 7168)]
     assert cli.main(["bench", "--out", "x"]) == 0
     assert "shapes" not in calls[1] and "subset" not in calls[1]  # run's own defaults
+    assert calls[1]["timer"] == "call"
+    assert cli.main(["bench", "--timer", "graph", "--out", "x"]) == 0
+    assert calls[2]["timer"] == "graph"
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--timer", "wallclock"])
+    assert "invalid choice: 'wallclock'" in capsys.readouterr().err
 
 
 class _GradIntoGradOutput(torch.autograd.Function):
@@ -214,3 +220,16 @@ def test_implementations_are_timed_in_alternating_rounds_keeping_their_fastest(m
     rows = shootout.run_point("rmsnorm_fwd", 4, 64, torch.float32, impls=None, reps=2, copy=1e9)
     assert order == ["a", "b", "b", "a"]
     assert [(r.impl, r.seconds, r.status) for r in rows] == [("a", 3.0, "ok"), ("b", 1.0, "ok")]
+
+
+def test_the_timer_asked_for_times_every_implementation(monkeypatch):
+    timers = []
+
+    def time_in_turn(calls, **timing):
+        timers.append(timing["timer"])
+        return bench.Timing((1.0,))
+
+    monkeypatch.setattr(bench, "time_in_turn", time_in_turn)
+    shootout.run_point("rmsnorm_fwd", 4, 64, torch.float32, impls=["ours", "torch F.rms_norm"],
+                       reps=2, copy=1e9, timer="graph")
+    assert timers == ["graph"] * 4  # two implementations, two rounds
