@@ -35,7 +35,9 @@ P2 = [1 << i for i in range(19)]
 REGISTERS_PER_SM = 65536  # an H100's register file, in 32-bit registers (the default)
 
 
-def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
+def forward_candidates(N: int, sms: int, *, stream: bool = False) -> list[ForwardPlan]:
+    """`stream`: also the rows path's evict-first plans (RMSNorm's kernel has them) for
+    rows of up to 2048 columns."""
     block_n = 1 << (N - 1).bit_length()
     out = []
     if block_n <= 32768:
@@ -46,6 +48,8 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
             for warps in (1, 2, 4, 8, 16, 32):
                 if 4 <= elems / (32 * warps) <= 64:
                     out.append(ForwardPlan("rows", block_m, block_n, warps))
+                    if stream and block_n <= 2048:
+                        out.append(ForwardPlan("rows", block_m, block_n, warps, stream=True))
                     if block_n <= 2048 and elems <= 4096:  # persistent, prefetching
                         for k in (2, 4, 8):
                             out.append(ForwardPlan("rows", block_m, block_n, warps,
@@ -185,7 +189,8 @@ def main() -> None:
                        if op.endswith("fwd") else
                        launch.backward_plan(M, N, device, dtype=dtype,
                                             layernorm=op.startswith("layernorm")))
-            cands = (forward_candidates(N, sms) if op.endswith("fwd")
+            cands = (forward_candidates(N, sms, stream=op != "layernorm_fwd")
+                     if op.endswith("fwd")
                      else backward_candidates(M, N, sms, registers))
             timed = []
             paths = args.paths.split(",")

@@ -130,3 +130,23 @@ def test_on_a_gpu_the_graph_timer_leaves_out_each_calls_start_and_drain():
     with pytest.raises(RuntimeError):  # a call that synchronises cannot be captured
         bench.time_graph([lambda: (one + 1).item()], reps=1)
     assert bench.time_graph(tiny, reps=2).median_s > 0  # and the GPU works on afterwards
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_backward_whose_forward_ran_on_the_graph_stream_is_captured():
+    # The bench's backward cells time torch.autograd.grad through a graph built once.
+    with bench.graph_stream():
+        x = torch.randn(4096, 1024, device="cuda", requires_grad=True)
+        y = torch.nn.functional.rms_norm(x, (1024,))
+        dy = torch.randn_like(y)
+        calls = [lambda: torch.autograd.grad(y, x, dy, retain_graph=True)]
+        assert bench.time_graph(calls, reps=3).median_s > 0
+        (dx,) = calls[0]()
+    torch.cuda.synchronize()
+    assert torch.isfinite(dx).all() and dx.abs().sum() > 0
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="tests what happens without a GPU")
+def test_without_a_gpu_the_graph_stream_changes_nothing():
+    with bench.graph_stream():
+        assert bench.time_graph([lambda: None], reps=2).median_s >= 0

@@ -45,3 +45,19 @@ def test_without_the_statement_every_load_is_of_one_value(compiled):
     for case, ways in compiled.items():
         loads = [a for a in ways["unstated"] if a.startswith("ld.")]
         assert loads and not any(".v2." in a or ".v4." in a for a in loads), case
+
+
+def test_streamed_rows_load_evict_first_and_store_streaming(compiled):
+    # ForwardPlan.stream: x and the residual evict-first, y and the new residual `.cs`
+    # stores, and only the weight asked to stay (evict_last); without it, plain accesses.
+    for (kernel, constexprs), ways in compiled.items():
+        if kernel != "rmsnorm_fwd_rows_kernel":
+            continue
+        accesses = ways["aligned"]
+        rows_loads = [a for a in accesses if a.startswith("ld.") and "evict_last" not in a]
+        stores = [a for a in accesses if a.startswith("st.")]
+        if json.loads(constexprs).get("STREAM"):
+            assert rows_loads and all("evict_first" in a for a in rows_loads), accesses
+            assert stores and all(".cs." in a for a in stores), accesses
+        else:
+            assert not any("evict_first" in a or ".cs." in a for a in accesses), accesses

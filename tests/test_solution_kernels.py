@@ -205,6 +205,36 @@ def test_rows_path_with_and_without_prefetch(prefetch):
     _assert_close("mean", mean, reference.layernorm_stats(x + 30)[0], torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight", [True, False])
+def test_rows_path_streamed_loads_the_weight_after_the_sum_and_matches(dtype, weight):
+    # stream=True: evict-first loads and stores, the weight loaded after the sum. 37 rows
+    # in tiles of 4 (the last partial), 300 columns in a block of 512, strided rows.
+    plan = ForwardPlan("rows", 4, 512, 2, stream=True)
+    x = _x((37, 320), dtype)[:, :300]
+    r = _x((37, 300), dtype, seed=5)
+    w = _w(300, dtype) if weight else None
+    ones = torch.ones(300, dtype=dtype, device=DEV)
+    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, plan)
+    _assert_close("y", y, reference.rmsnorm(x, ones if w is None else w), dtype)
+    _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
+    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, True, plan)
+    want_y, want_res = reference.add_rmsnorm(x, r, ones if w is None else w)
+    _assert_close("residual", res, want_res, dtype)
+    _assert_close("y", y, want_y, dtype)
+
+
+def test_stream_plans_are_for_rmsnorms_rows_path_only():
+    with pytest.raises(ValueError, match="stream=True is for the rows path without prefetch"):
+        ForwardPlan("rows", 4, 512, 2, programs=3, prefetch=True, stream=True)
+    with pytest.raises(ValueError, match="stream=True is for the rows path"):
+        ForwardPlan("loop", 1, 1024, 4, stream=True)
+    x = _x((8, 512), torch.float32)
+    with pytest.raises(ValueError, match="LayerNorm's kernels have no stream option"):
+        layernorm_forward(x, None, None, 1e-5, False, ForwardPlan("rows", 4, 512, 2,
+                                                                   stream=True))
+
+
 @pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm", "layernorm"])
 def test_every_row_length_gets_a_plan_that_covers_it(op):
     # The launch rules are tables by row length: no N from 1 to 2**18 may fall between

@@ -277,6 +277,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     if M > 0:
         plan = plan or forward_plan(M, N, x.device, element_size=x.element_size(),
                                     layernorm=True)
+        if plan.stream:
+            raise ValueError(f"LayerNorm's kernels have no stream option: {plan}")
         mean_arg = stats[0] if stats is not None else y
         rstd_arg = stats[1] if stats is not None else y
         args = (x2, weight if weight is not None else y, bias if bias is not None else y, y,

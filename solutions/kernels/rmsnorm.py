@@ -51,43 +51,64 @@ from solutions.kernels.validation import (
 
 @triton.jit
 def _load_row_block(x_ptr, res_ptr, res_out_ptr, offsets_x, offsets_res, offsets_res_out, mask,
-                    HAS_RESIDUAL: tl.constexpr, READ_AGAIN: tl.constexpr = False):
+                    HAS_RESIDUAL: tl.constexpr, READ_AGAIN: tl.constexpr = False,
+                    STREAM: tl.constexpr = False):
     """x (plus the residual, rounded to the stored dtype and written back) in float32.
-    READ_AGAIN: x will be read a second time, so L1 and L2 are asked to keep it."""
+    READ_AGAIN: x will be read a second time, so L1 and L2 are asked to keep it.
+    STREAM: read once and written once, so the caches may drop every line first."""
     if READ_AGAIN:
         x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0, eviction_policy="evict_last")
+    elif STREAM:
+        x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0, eviction_policy="evict_first")
     else:
         x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0)
     r = x
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0)
-    return _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL)
+        if STREAM:
+            r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0,
+                        eviction_policy="evict_first")
+        else:
+            r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0)
+    return _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL, STREAM)
 
 
 @triton.jit
-def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.constexpr):
+def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.constexpr,
+                  STREAM: tl.constexpr = False):
     x = x.to(tl.float32)
     if HAS_RESIDUAL:
         # Round the sum once, store it, and normalise what was stored: the next layer
         # reads the rounded residual, so y must be the norm of that same value.
         h = (x + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + offsets_res_out, h, mask=mask)
+        _store(res_out_ptr + offsets_res_out, h, mask, STREAM)
         x = h.to(tl.float32)
     return x
 
 
 @triton.jit
+def _store(at, values, mask, STREAM: tl.constexpr):
+    if STREAM:  # written once, not read again here: streamed out (".cs": evict first)
+        tl.store(at, values, mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(at, values, mask=mask)
+
+
+@triton.jit
 def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N, stride_y_row,
-                           eps, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr):
-    """Normalise a float32 tile of whole rows and store it (and rstd)."""
+                           eps, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr,
+                           w_ptr, col_mask, STREAM: tl.constexpr):
+    """Normalise a float32 tile of whole rows and store it (and rstd). With STREAM, the
+    weight is loaded here, after the sum (`w` is unused), and y is streamed out."""
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     if STORE_RSTD:
         tl.store(rstd_ptr + rows, rstd, mask=rows < M)
     y = x * rstd[:, None]
+    if STREAM:
+        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     if HAS_WEIGHT:
         y = y * w[None, :]
-    tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mask)
+    _store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask,
+           STREAM)
 
 
 @triton.jit
@@ -96,26 +117,31 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             stride_res_out_row, eps,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, PREFETCH: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr,
+                            STREAM: tl.constexpr = False):
     # Without PREFETCH, program p handles row tile p, in straight-line code: a loop around
     # it, even of one turn, measured 1 to 4 points slower on short rows. With PREFETCH,
     # P programs walk over tiles p, p + P, ... and issue the next tile's loads before this
     # tile's arithmetic, so that few programs still keep memory requests in flight.
+    # STREAM (one tile a program only): the rows are read and written with evict-first
+    # hints, and the weight is loaded after the sum (ForwardPlan.stream says where).
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT and not STREAM)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
     mask = (rows < M)[:, None] & col_mask[None, :]
     if not PREFETCH:
         x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols[None, :],
                             r64 * stride_res_row + cols[None, :],
-                            r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
+                            r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL,
+                            STREAM=STREAM)
         _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N,
-                               stride_y_row, eps, HAS_WEIGHT, STORE_RSTD)
+                               stride_y_row, eps, HAS_WEIGHT, STORE_RSTD, w_ptr, col_mask,
+                               STREAM)
     else:
         n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
@@ -140,7 +166,8 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
             x = _add_residual(x_raw, res_raw, res_out_ptr,
                               r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
             _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N,
-                                   stride_y_row, eps, HAS_WEIGHT, STORE_RSTD)
+                                   stride_y_row, eps, HAS_WEIGHT, STORE_RSTD, w_ptr,
+                                   col_mask, False)
 
 
 @triton.jit
@@ -261,7 +288,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         if plan.path == "rows":
             rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
                                           PREFETCH=plan.prefetch, BLOCK_M=plan.block_m,
-                                          BLOCK_N=plan.block_n, **plan.launch_options())
+                                          BLOCK_N=plan.block_n, STREAM=plan.stream,
+                                          **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             slots, epoch = exchange_slots(M * plan.split, x.device)
