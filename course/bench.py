@@ -17,6 +17,7 @@ meaningless as a measure of a kernel (Triton's interpreter runs it with NumPy).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import math
 import statistics
@@ -126,6 +127,8 @@ def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int
 
     Without a GPU there is no graph: the calls run back to back on the CPU clock.
     A call that cannot be captured (one that synchronises, for instance) raises here.
+    The capture runs on the current stream unless that is the default one; a backward
+    through autograd needs its forward run on that same stream (`graph_stream`).
     """
     if reps < 1:
         raise ValueError(f"reps must be at least 1, got {reps}")
@@ -139,18 +142,19 @@ def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int
                 call()
             times.append((time.perf_counter() - t0) / len(calls))
         return Timing(tuple(times))
-    # Warm up off the default stream, as graph capture wants (lazy set-up, compilation).
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    # Warm up (lazy set-up, compilation) and capture off the default stream.
+    stream = torch.cuda.current_stream()
+    if stream == torch.cuda.default_stream():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
         for _ in range(max(1, warmup)):
             first = [call() for call in calls][0]
-    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     in_graph = max(len(calls), outputs_to_hold(result_bytes(first)))
     del first
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         # Kept alive, so each call in the graph writes its own outputs.
         outputs = [calls[i % len(calls)]() for i in range(in_graph)]
     graph.replay()
@@ -166,6 +170,23 @@ def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int
     times = tuple(s.elapsed_time(e) * 1e-3 / in_graph for s, e in zip(starts, ends, strict=True))
     del graph, outputs
     return Timing(times)
+
+
+@contextlib.contextmanager
+def graph_stream() -> Iterator[None]:
+    """Run the block on a side stream, as everything a graph-timed measurement does should
+    (inputs, forward passes, `time_graph`'s capture). Autograd runs each backward op on the
+    stream its forward op ran on, and the default stream cannot join a capture: a backward
+    whose forward ran there failed to capture ("operation would make the legacy stream
+    depend on a capturing blocking stream"). Without a GPU it does nothing."""
+    if not runtime.on_gpu():
+        yield
+        return
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        yield
+    torch.cuda.current_stream().wait_stream(side)
 
 
 def output_keeper() -> Callable[[Any], None]:

@@ -9,6 +9,7 @@ and a faster one is simply one that wastes less time.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import platform
@@ -180,6 +181,13 @@ def run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[st
     its fastest median: a transient stall of the machine (seen once, a 15x slower median)
     must not stand as a kernel's speed, and no implementation is always the one timed first,
     right after the inputs and the float64 reference were made. `timer`: `bench.TIMERS`."""
+    with bench.graph_stream() if timer == "graph" else contextlib.nullcontext():
+        return _run_point(op, M, N, dtype, impls=impls, reps=reps, copy=copy, eps=eps,
+                          rounds=rounds, timer=timer)
+
+
+def _run_point(op: str, M: int, N: int, dtype: torch.dtype, *, impls: Sequence[str] | None,
+               reps: int, copy: float, eps: float, rounds: int, timer: str) -> list[Row]:
     nbytes = ideal_bytes(op, M, N, dtype)
     inputs = make_inputs(op, M, N, dtype)
     want = expected(op, inputs, eps)
