@@ -10,6 +10,10 @@ that overwrites them while they wait saves those writes: on an H100, RMSNorm at
 32768 x 256 in bfloat16 (16 MB out) measured 90 % of the copy bandwidth with its output
 reused and 72 % with fresh outputs, close to a plain copy of its bytes (74 %).
 
+`time_graph` times calls back to back in a CUDA graph instead, as a model runs its kernels:
+each call then no longer pays for an idle GPU starting and draining it, which on an H100
+is a few microseconds, a large part of a call at short rows (`course bench --timer graph`).
+
 Without a GPU the same functions time with the CPU clock: useful to exercise the code,
 meaningless as a measure of a kernel (Triton's interpreter runs it with NumPy).
 """

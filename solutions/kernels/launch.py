@@ -180,7 +180,8 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
 # while the timer let each call reuse the last call's output memory). LayerNorm's rows of
 # 256: a row per warp, 16 to a program (71.7 and 72.0 % in two trials, against 70.6 and
 # 70.4 % for the persistent programs below); of 512: 2 rows on 2 warps (84.0 and 84.0 %,
-# against 83.7 and 83.6 % on one warp).
+# against 83.7 and 83.6 % on one warp). RMSNorm's and the fused add's 16-bit rows of 256 to
+# 1024 take STREAMED_ROWS below instead; float32 rows keep these.
 _LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
 ROWS_PATH = {
     "rmsnorm": {256: (32, 32), 512: (4, 2), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
