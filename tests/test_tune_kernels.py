@@ -32,3 +32,13 @@ def test_split_candidates_cover_the_row():
     for n in (16384, 32768, 65536):
         for p in tune_kernels.backward_candidates(8192, n, SMS):
             assert p.block_n * p.split >= n, p
+
+
+def test_streamed_plans_are_offered_for_short_rows_only_when_asked():
+    # RMSNorm's rows kernel has ForwardPlan.stream; LayerNorm's does not, so its sweep
+    # must not offer them. Every streamed plan is a rows plan without prefetch.
+    streamed = [p for p in tune_kernels.forward_candidates(256, SMS, stream=True) if p.stream]
+    assert streamed and all(p.path == "rows" and not p.prefetch for p in streamed)
+    assert any((p.block_m, p.num_warps) == (8, 8) for p in streamed)  # the rule at 256
+    assert not any(p.stream for p in tune_kernels.forward_candidates(256, SMS))
+    assert not any(p.stream for p in tune_kernels.forward_candidates(4096, SMS, stream=True))
