@@ -57,6 +57,8 @@ class Row:
 
 # The run docs/benchmarks.md reports, shipped with the package so that a pip-installed course
 # (on Colab, say) can show it too. One process: every comparison shares its copy bandwidth.
+# How `course bench` timed the calls (bench.TIMERS), as the plot's legend says it.
+TIMER_TITLES = {"call": "each call timed alone", "graph": "calls back to back in a CUDA graph"}
 RECORDED_RUN = Path(__file__).parent / "data" / "bench-h100-2026-11-24.csv"
 RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-24"
 
@@ -265,10 +267,10 @@ def format_table(rows: Sequence[Row], op: str, dtype: str) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16"):
+def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16", timer: str = "call"):
     """% of copy bandwidth against N, one panel per op, one colour per implementation
     (the same colour in every panel), ours drawn thickest; the legend in a panel of its
-    own. Returns the figure."""
+    own, which also says how the calls were timed. Returns the figure."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -300,7 +302,8 @@ def plot(rows: Sequence[Row], path: Path, dtype: str = "bfloat16"):
         ax.grid(True, alpha=0.3)
     handles = [Line2D([], [], color=colours[n], lw=2.6 if n == "ours" else 1.2,
                           marker="o", ms=3) for n in names]
-    axes.flat[len(ops)].legend(handles, names, loc="center", fontsize=9, frameon=False)
+    axes.flat[len(ops)].legend(handles, names, loc="center", fontsize=9, frameon=False,
+                               title=TIMER_TITLES[timer], title_fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return fig
@@ -335,7 +338,7 @@ def run(ops: Sequence[str], dtypes: Sequence[str], out_dir: Path, *, shapes=SHAP
                     flush=True)
             print(format_table(rows, op, dname), flush=True)
             save(rows, env, out_dir)  # after every op: a run cut short keeps what it measured
-    plot(rows, out_dir / "bench.png")
+    plot(rows, out_dir / "bench.png", timer=timer)
     return rows
 
 

@@ -77,16 +77,19 @@ def test_table_shows_fractions_and_reasons(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("timer", ["call", "graph"])
 @pytest.mark.parametrize("ops", [1, 2, 3, 5], ids=lambda n: f"{n}-ops")
-def test_the_plot_legend_lies_inside_the_figure(tmp_path, ops):
-    # Every implementation named, and nothing of the legend cut off at the figure's edge,
-    # however many panels the ops fill.
+def test_the_plot_legend_lies_inside_the_figure(tmp_path, ops, timer):
+    # Every implementation named, the timer said, and nothing of the legend cut off at the
+    # figure's edge, however many panels the ops fill.
     names = ["ours", "torch.compile", "Liger", "Quack", "torch eager (op by op)"]
     rows = [shootout.Row(op, name, "bfloat16", 32768, n, 1000, "ok", 1e-8, 100.0, 0.5 + i / 20)
             for op in peers.OPS[:ops] for i, name in enumerate(names) for n in (256, 1024)]
-    fig = shootout.plot(rows, tmp_path / "p.png")
+    fig = shootout.plot(rows, tmp_path / "p.png", timer=timer)
     (legend,) = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
     assert [t.get_text() for t in legend.get_texts()] == names
+    assert legend.get_title().get_text() == shootout.TIMER_TITLES[timer]
+    assert set(shootout.TIMER_TITLES) == set(bench.TIMERS)
     box, page = legend.get_window_extent(), fig.bbox
     assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
 
