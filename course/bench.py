@@ -147,20 +147,17 @@ def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int
             times.append((time.perf_counter() - t0) / len(calls))
         return Timing(tuple(times))
     # Warm up (lazy set-up, compilation) and capture off the default stream.
-    stream = torch.cuda.current_stream()
-    if stream == torch.cuda.default_stream():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    on_default = torch.cuda.current_stream() == torch.cuda.default_stream()
+    with graph_stream() if on_default else contextlib.nullcontext():
         for _ in range(max(1, warmup)):
             first = [call() for call in calls][0]
-    torch.cuda.synchronize()
-    in_graph = max(len(calls), outputs_to_hold(result_bytes(first)))
-    del first
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        # Kept alive, so each call in the graph writes its own outputs.
-        outputs = [calls[i % len(calls)]() for i in range(in_graph)]
+        torch.cuda.synchronize()
+        in_graph = max(len(calls), outputs_to_hold(result_bytes(first)))
+        del first
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
+            # Kept alive, so each call in the graph writes its own outputs.
+            outputs = [calls[i % len(calls)]() for i in range(in_graph)]
     graph.replay()
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]

@@ -55,10 +55,10 @@ class Row:
     wall_s: float | None = None  # this cell's wall time: compiling, checking and timing
 
 
-# The run docs/benchmarks.md reports, shipped with the package so that a pip-installed course
-# (on Colab, say) can show it too. One process: every comparison shares its copy bandwidth.
 # How `course bench` timed the calls (bench.TIMERS), as the plot's legend says it.
 TIMER_TITLES = {"call": "each call timed alone", "graph": "calls back to back in a CUDA graph"}
+# The run docs/benchmarks.md reports, shipped with the package so that a pip-installed course
+# (on Colab, say) can show it too. One process: every comparison shares its copy bandwidth.
 RECORDED_RUN = Path(__file__).parent / "data" / "bench-h100-2026-11-24.csv"
 RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-24"
 

@@ -195,7 +195,7 @@ ROWS_PATH = {
 # this one, each call alone / back to back in a CUDA graph: RMSNorm 256 72.7 -> 73.0 /
 # 84.7 -> 86.9, 512 84.9 -> 85.8 / 91.2 -> 92.7, 1024 93.1 -> 93.6 / 95.8 -> 96.8; fused
 # add 256 84.6 -> 85.4 / 91.2 -> 92.6, 512 92.5 -> 92.9 / 94.6 -> 95.5, 1024 96.2 -> 97.3 /
-# 97.7 -> 98.4. Each hint alone measured slower than neither.
+# 97.7 -> 98.4. Evict-first loads alone measured slower, streaming stores alone no faster.
 STREAMED_ROWS = {"rmsnorm": {256: (8, 8), 512: (4, 8), 1024: (2, 8)},
                  "add_rmsnorm": {256: (8, 2), 512: (2, 4), 1024: (1, 8)}}
 # Shorter rows than the table holds: a tile is too small to hide latency on its own, so
@@ -292,14 +292,11 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
         block_m = max(1, min(16, 2048 // block_n, next_power_of_2(M)))
         programs = PERSISTENT_PER_SM * sms
         return ForwardPlan("rows", block_m, block_n, 4, programs=programs, prefetch=True)
-    streamed = {} if float32 else STREAMED_ROWS.get(op, {})
-    if block_n in streamed:
-        block_m, warps = streamed[block_n]
-        return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps,
-                           stream=True)
     if block_n <= register_limit:
-        block_m, warps = rows_path[block_n]
-        return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps)
+        stream = not float32 and block_n in STREAMED_ROWS.get(op, {})
+        block_m, warps = (STREAMED_ROWS[op] if stream else rows_path)[block_n]
+        return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps,
+                           stream=stream)
     on_gpu = device.type == "cuda"
     if residual:
         if on_gpu:
