@@ -35,9 +35,9 @@ P2 = [1 << i for i in range(19)]
 REGISTERS_PER_SM = 65536  # an H100's register file, in 32-bit registers (the default)
 
 
-def forward_candidates(N: int, sms: int, *, stream: bool = False) -> list[ForwardPlan]:
-    """`stream`: also the rows path's evict-first plans (RMSNorm's kernel has them) for
-    rows of up to 2048 columns."""
+def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
+    """Every rows plan of one tile a program comes twice: plain and streamed
+    (ForwardPlan.stream)."""
     block_n = 1 << (N - 1).bit_length()
     out = []
     if block_n <= 32768:
@@ -47,9 +47,8 @@ def forward_candidates(N: int, sms: int, *, stream: bool = False) -> list[Forwar
                 continue
             for warps in (1, 2, 4, 8, 16, 32):
                 if 4 <= elems / (32 * warps) <= 64:
-                    out.append(ForwardPlan("rows", block_m, block_n, warps))
-                    if stream and block_n <= 2048:
-                        out.append(ForwardPlan("rows", block_m, block_n, warps, stream=True))
+                    out += [ForwardPlan("rows", block_m, block_n, warps, stream=stream)
+                            for stream in (False, True)]
                     if block_n <= 2048 and elems <= 4096:  # persistent, prefetching
                         for k in (2, 4, 8):
                             out.append(ForwardPlan("rows", block_m, block_n, warps,
@@ -189,8 +188,7 @@ def main() -> None:
                        if op.endswith("fwd") else
                        launch.backward_plan(M, N, device, dtype=dtype,
                                             layernorm=op.startswith("layernorm")))
-            cands = (forward_candidates(N, sms, stream=op != "layernorm_fwd")
-                     if op.endswith("fwd")
+            cands = (forward_candidates(N, sms) if op.endswith("fwd")
                      else backward_candidates(M, N, sms, registers))
             timed = []
             paths = args.paths.split(",")

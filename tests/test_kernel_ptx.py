@@ -49,10 +49,13 @@ def test_without_the_statement_every_load_is_of_one_value(compiled):
 
 def test_streamed_rows_load_evict_first_and_store_streaming(compiled):
     # ForwardPlan.stream: x and the residual evict-first, y and the new residual `.cs`
-    # stores, and only the weight asked to stay (evict_last); without it, plain accesses.
+    # stores, and only the weight and bias asked to stay (evict_last); without it, plain
+    # accesses. Both ops' rows kernels, each launched both ways.
+    launched = set()
     for (kernel, constexprs), ways in compiled.items():
-        if kernel != "rmsnorm_fwd_rows_kernel":
+        if kernel not in ("rmsnorm_fwd_rows_kernel", "layernorm_fwd_rows_kernel"):
             continue
+        launched.add((kernel, bool(json.loads(constexprs).get("STREAM"))))
         accesses = ways["aligned"]
         rows_loads = [a for a in accesses if a.startswith("ld.") and "evict_last" not in a]
         stores = [a for a in accesses if a.startswith("st.")]
@@ -61,3 +64,4 @@ def test_streamed_rows_load_evict_first_and_store_streaming(compiled):
             assert stores and all(".cs." in a for a in stores), accesses
         else:
             assert not any("evict_first" in a or ".cs." in a for a in accesses), accesses
+    assert len(launched) == 4, launched

@@ -208,8 +208,9 @@ def test_rows_path_with_and_without_prefetch(prefetch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("weight", [True, False])
 def test_rows_path_streamed_loads_the_weight_after_the_sum_and_matches(dtype, weight):
-    # stream=True: evict-first loads and stores, the weight loaded after the sum. 37 rows
-    # in tiles of 4 (the last partial), 300 columns in a block of 512, strided rows.
+    # stream=True: evict-first loads and stores, the weight (and bias) loaded after the
+    # sum. 37 rows in tiles of 4 (the last partial), 300 columns in a block of 512, strided
+    # rows; LayerNorm's with a large mean.
     plan = ForwardPlan("rows", 4, 512, 2, stream=True)
     x = _x((37, 320), dtype)[:, :300]
     r = _x((37, 300), dtype, seed=5)
@@ -222,17 +223,21 @@ def test_rows_path_streamed_loads_the_weight_after_the_sum_and_matches(dtype, we
     want_y, want_res = reference.add_rmsnorm(x, r, ones if w is None else w)
     _assert_close("residual", res, want_res, dtype)
     _assert_close("y", y, want_y, dtype)
+    b = _w(300, dtype, seed=7) if weight else None
+    y, mean, rstd = layernorm_forward(x + 30, w, b, 1e-5, True, plan)
+    want_y = reference.layernorm(x + 30, ones if w is None else w,
+                                 torch.zeros_like(ones) if b is None else b)
+    _assert_close("y", y, want_y, dtype)
+    want_mean, want_rstd = reference.layernorm_stats(x + 30)
+    _assert_close("mean", mean, want_mean, torch.float32)
+    _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
-def test_stream_plans_are_for_rmsnorms_rows_path_only():
+def test_stream_plans_are_for_the_rows_path_without_prefetch_only():
     with pytest.raises(ValueError, match="stream=True is for the rows path without prefetch"):
         ForwardPlan("rows", 4, 512, 2, programs=3, prefetch=True, stream=True)
     with pytest.raises(ValueError, match="stream=True is for the rows path"):
         ForwardPlan("loop", 1, 1024, 4, stream=True)
-    x = _x((8, 512), torch.float32)
-    with pytest.raises(ValueError, match="LayerNorm's kernels have no stream option"):
-        layernorm_forward(x, None, None, 1e-5, False, ForwardPlan("rows", 4, 512, 2,
-                                                                   stream=True))
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm", "layernorm"])

@@ -2,9 +2,12 @@
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import course  # noqa: F401  (mode first)
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -34,11 +37,11 @@ def test_split_candidates_cover_the_row():
             assert p.block_n * p.split >= n, p
 
 
-def test_streamed_plans_are_offered_for_short_rows_only_when_asked():
-    # RMSNorm's rows kernel has ForwardPlan.stream; LayerNorm's does not, so its sweep
-    # must not offer them. Every streamed plan is a rows plan without prefetch.
-    streamed = [p for p in tune_kernels.forward_candidates(256, SMS, stream=True) if p.stream]
+@pytest.mark.parametrize("n", [256, 4096, 16384])
+def test_every_rows_plan_of_a_tile_a_program_is_offered_plain_and_streamed(n):
+    plans = tune_kernels.forward_candidates(n, SMS)
+    streamed = [p for p in plans if p.stream]
+    one_tile = [p for p in plans if p.path == "rows" and not p.prefetch]
     assert streamed and all(p.path == "rows" and not p.prefetch for p in streamed)
-    assert any((p.block_m, p.num_warps) == (8, 8) for p in streamed)  # the rule at 256
-    assert not any(p.stream for p in tune_kernels.forward_candidates(256, SMS))
-    assert not any(p.stream for p in tune_kernels.forward_candidates(4096, SMS, stream=True))
+    assert sorted(map(repr, streamed)) == sorted(
+        repr(replace(p, stream=True)) for p in one_tile if not p.stream)

@@ -39,6 +39,7 @@ from solutions.kernels.row_loads import (
     load_row_piece,
     load_x_dy,
     stated_multiples,
+    store_rows,
     take_prefetched,
     weights_or_ones,
 )
@@ -76,15 +77,16 @@ def _normalise_tile(x, mask, N, eps):
 
 @triton.jit
 def _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr, mean_ptr,
-                          rstd_ptr, M, stride_y_row, STORE_STATS: tl.constexpr):
+                          rstd_ptr, M, stride_y_row, STORE_STATS: tl.constexpr,
+                          STREAM: tl.constexpr = False):
     """Apply w and b (float32) to a normalised tile of whole rows and store it (and the
-    statistics)."""
+    statistics); STREAM: y streamed out."""
     if STORE_STATS:
         tl.store(mean_ptr + rows, mean, mask=rows < M)
         tl.store(rstd_ptr + rows, rstd, mask=rows < M)
     y = x_hat * w[None, :] + b[None, :]
-    tl.store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mask)
+    store_rows(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask,
+               STREAM)
 
 
 # Rows kernel: the longest rows whose weight and bias are loaded before x (see below).
@@ -96,10 +98,12 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               M, N, stride_x_row, stride_y_row, eps,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                               STORE_STATS: tl.constexpr, PREFETCH: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr,
+                              STREAM: tl.constexpr = False):
     # As rmsnorm_fwd_rows_kernel: without PREFETCH program p normalises row tile p in
     # straight-line code; with it, P programs take tiles p, p + P, ... and load the next
-    # tile before normalising this one.
+    # tile before normalising this one. STREAM (one tile a program only), as there: x
+    # loaded evict-first, y streamed out, w and b loaded after the reduction.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
     pid = tl.program_id(0)
@@ -112,19 +116,22 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # 512: 83.7 and 84.0 % of copy in two runs, against 82.7 and 82.6 % loading them after
     # the reduction without evict_last). Long rows load them after the reduction: held
     # through it, rows of 32768 on 32 warps spilled more (65.6 % against 96.3 %).
-    params_first: tl.constexpr = BLOCK_N <= PARAMS_FIRST_MAX_N and not PREFETCH
+    params_first: tl.constexpr = BLOCK_N <= PARAMS_FIRST_MAX_N and not PREFETCH and not STREAM
     if params_first:
         w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
         b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
     if not PREFETCH:
-        x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
-        x_hat, mean, rstd = _normalise_tile(x, mask, N, eps)
+        if STREAM:
+            x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0,
+                        eviction_policy="evict_first")
+        else:
+            x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
+        x_hat, mean, rstd = _normalise_tile(x.to(tl.float32), mask, N, eps)
         if not params_first:
             w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
         _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr,
-                              mean_ptr, rstd_ptr, M, stride_y_row, STORE_STATS)
+                              mean_ptr, rstd_ptr, M, stride_y_row, STORE_STATS, STREAM)
     else:
         n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
@@ -277,8 +284,6 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     if M > 0:
         plan = plan or forward_plan(M, N, x.device, element_size=x.element_size(),
                                     layernorm=True)
-        if plan.stream:
-            raise ValueError(f"LayerNorm's kernels have no stream option: {plan}")
         mean_arg = stats[0] if stats is not None else y
         rstd_arg = stats[1] if stats is not None else y
         args = (x2, weight if weight is not None else y, bias if bias is not None else y, y,
@@ -291,7 +296,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             layernorm_fwd_rows_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
                                             **flags, PREFETCH=plan.prefetch,
                                             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-                                            **plan.launch_options())
+                                            STREAM=plan.stream, **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             slots, epoch = exchange_slots(2 * M * plan.split, x.device)

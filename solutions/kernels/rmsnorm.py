@@ -33,6 +33,7 @@ from solutions.kernels.row_loads import (
     load_row_piece,
     load_x_dy,
     stated_multiples,
+    store_rows,
     take_prefetched,
     weights_or_ones,
 )
@@ -80,17 +81,9 @@ def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.con
         # Round the sum once, store it, and normalise what was stored: the next layer
         # reads the rounded residual, so y must be the norm of that same value.
         h = (x + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-        _store(res_out_ptr + offsets_res_out, h, mask, STREAM)
+        store_rows(res_out_ptr + offsets_res_out, h, mask, STREAM)
         x = h.to(tl.float32)
     return x
-
-
-@triton.jit
-def _store(at, values, mask, STREAM: tl.constexpr):
-    if STREAM:  # written once, not read again here: streamed out (".cs": evict first)
-        tl.store(at, values, mask=mask, cache_modifier=".cs")
-    else:
-        tl.store(at, values, mask=mask)
 
 
 @triton.jit
@@ -107,8 +100,8 @@ def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N, s
         w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     if HAS_WEIGHT:
         y = y * w[None, :]
-    _store(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask,
-           STREAM)
+    store_rows(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask,
+               STREAM)
 
 
 @triton.jit

@@ -1,4 +1,5 @@
-"""Triton helpers that both ops' kernels load their rows and parameters with."""
+"""Triton helpers that both ops' kernels load their rows and parameters with, and store
+rows with."""
 
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ def bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS: tl.constexpr):
         return tl.load(b_ptr + cols, mask=col_mask, other=0.0,
                        eviction_policy="evict_last").to(tl.float32)
     return tl.zeros(cols.shape, tl.float32)
+
+
+@triton.jit
+def store_rows(at, values, mask, STREAM: tl.constexpr):
+    """Store a tile of rows. STREAM: written once and not read again here, so it is
+    streamed out (`.cs`: the caches may drop its lines first)."""
+    if STREAM:
+        tl.store(at, values, mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(at, values, mask=mask)
 
 
 @triton.jit
