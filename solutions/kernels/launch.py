@@ -181,30 +181,28 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
 # 256: a row per warp, 16 to a program (71.7 and 72.0 % in two trials, against 70.6 and
 # 70.4 % for the persistent programs below); of 512: 2 rows on 2 warps (84.0 and 84.0 %,
 # against 83.7 and 83.6 % on one warp). 16-bit rows in STREAMED_ROWS below take its plans
-# instead; float32 rows keep these.
+# instead.
 _LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
 ROWS_PATH = {
     "rmsnorm": {256: (32, 32), 512: (4, 2), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
     "add_rmsnorm": {256: (4, 1), 512: (4, 1), 1024: (2, 4), 2048: (2, 8)} | _LONG_ROWS,
     "layernorm": {256: (16, 16), 512: (2, 2), 1024: (1, 4), 2048: (2, 8)} | _LONG_ROWS,
 }
-# 16-bit rows that fit registers, over ROWS_PATH and ONE_ROW_LOOP: rows loaded evict-first
-# and stored streaming (`.cs`), the weight (and bias) loaded after the sum
-# (ForwardPlan.stream). Read once and written once, the rows may leave the caches first
-# while the weights stay. Swept under both of `bench`'s timers (docs/benchmarks.md), each
-# plan came first, or within 0.7 point of first, under both: 0.1 to 2.5 points of copy over
-# the old rules (RMSNorm at 16384: 99.7 -> 100.7 % each call alone, 100.3 -> 101.3 back to
-# back; its loop path with streaming stores was no faster). Evict-first loads alone measured
-# slower, streaming stores alone no faster. LayerNorm at 512 is level each call alone (83.9
-# against 84.2 %, then 83.7 against 83.6) and 1.5 points ahead back to back. Rows of 32768
-# stay unstreamed: no streamed plan was faster.
+# 16-bit rows loaded evict-first and stored streaming (`.cs`), the weight (and bias) loaded
+# after the sum (ForwardPlan.stream), over ROWS_PATH and ONE_ROW_LOOP. Each plan against the
+# rule it replaced, each on its own inputs as `course bench` times them (docs/benchmarks.md),
+# % of copy each call alone / back to back in a CUDA graph: the fused add, which writes two
+# rows, gained at every length or was level (256: 84.5 -> 84.4 / 91.5 -> 92.7; 8192: 100.0
+# -> 100.3 / 100.4 -> 100.9); LayerNorm only at 8192 (99.4 -> 100.0 / 99.8 -> 100.6);
+# RMSNorm at 256 and 512 only back to back (84.8 -> 85.7 and 91.1 -> 91.8; alone 72.4 ->
+# 71.7 and 84.7 -> 83.8, inside the spread of the runs that chose them). Elsewhere the hints
+# cost up to 1.6 points. Sweeps whose candidates shared their inputs had shown gains nearly
+# everywhere (tune_kernels.py says why it no longer shares them).
 STREAMED_ROWS = {
-    "rmsnorm": {256: (8, 8), 512: (4, 8), 1024: (2, 8), 2048: (1, 8), 4096: (4, 16),
-                8192: (2, 32), 16384: (1, 32)},
+    "rmsnorm": {256: (8, 8), 512: (4, 8)},
     "add_rmsnorm": {256: (8, 2), 512: (2, 4), 1024: (1, 8), 2048: (1, 8), 4096: (1, 16),
                     8192: (1, 32)},
-    "layernorm": {256: (4, 4), 512: (2, 4), 1024: (1, 4), 2048: (2, 8), 4096: (1, 8),
-                  8192: (1, 16), 16384: (1, 8)},
+    "layernorm": {8192: (1, 16)},
 }
 # Shorter rows than the table holds: a tile is too small to hide latency on its own, so
 # fewer, persistent programs (PERSISTENT_PER_SM per SM) walk over the tiles, loading the
@@ -213,13 +211,18 @@ PERSISTENT_PER_SM = 8
 # 16-bit rows that fit registers, but measured faster on the loop path with one program
 # per row: (op, BLOCK_N) -> (warps, pass 2's block, registers a thread). A program loads
 # the whole row at once and reads it again; held to 32 or 40 registers, two programs share
-# an SM, so that one's reduction overlaps the other's loads (100 % of copy at 32768 for
-# RMSNorm, against 93 % with the row kept in registers).
+# an SM, so that one's reduction overlaps the other's loads (100 % of copy at 16384 and
+# 32768 for RMSNorm, against 98 and 93 % with the row kept in registers).
 # RMSNorm's rows of 65536 too: one program per row, alone on its SM, loading the whole
 # row at once, measured 98.8 % against 92.5 % for one program per SM walking over rows (the
 # loop between rows is what cost); the register cap must be given (85.7 % without it).
-ONE_ROW_LOOP = {("rmsnorm", 32768): (32, 32768, 0), ("rmsnorm", 65536): (32, 16384, 64),
-                ("add_rmsnorm", 16384): (32, 8192, 40), ("add_rmsnorm", 32768): (32, 32768, 0)}
+# RMSNorm's rows of 8192 too, on 16 warps held to 40 registers: 100.4 and 100.5 % in two
+# sweeps, against 99.1 and 99.3 % for the row in registers (one row, 8 warps).
+ONE_ROW_LOOP = {("rmsnorm", 8192): (16, 8192, 40),
+                ("rmsnorm", 16384): (32, 8192, 40), ("rmsnorm", 32768): (32, 32768, 0),
+                ("rmsnorm", 65536): (32, 16384, 64),
+                ("add_rmsnorm", 16384): (32, 8192, 40), ("add_rmsnorm", 32768): (32, 32768, 0),
+                ("layernorm", 16384): (16, 8192, 0)}
 # RMSNorm's float32 rows of 32768 too, the whole row (128 KB) loaded at once by 32 warps:
 # 100.8 and 100.9 % against 95.5 and 95.4 % for one program per SM walking over rows
 # (torch.compile 100.3 and 100.2 %, launching the same shape of program).
