@@ -181,7 +181,7 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
 # 256: a row per warp, 16 to a program (71.7 and 72.0 % in two trials, against 70.6 and
 # 70.4 % for the persistent programs below); of 512: 2 rows on 2 warps (84.0 and 84.0 %,
 # against 83.7 and 83.6 % on one warp). 16-bit rows in STREAMED_ROWS below take its plans
-# instead.
+# instead; float32 rows keep these.
 _LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
 ROWS_PATH = {
     "rmsnorm": {256: (32, 32), 512: (4, 2), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
@@ -189,15 +189,16 @@ ROWS_PATH = {
     "layernorm": {256: (16, 16), 512: (2, 2), 1024: (1, 4), 2048: (2, 8)} | _LONG_ROWS,
 }
 # 16-bit rows loaded evict-first and stored streaming (`.cs`), the weight (and bias) loaded
-# after the sum (ForwardPlan.stream), over ROWS_PATH and ONE_ROW_LOOP. Each plan against the
-# rule it replaced, each on its own inputs as `course bench` times them (docs/benchmarks.md),
-# % of copy each call alone / back to back in a CUDA graph: the fused add, which writes two
-# rows, gained at every length or was level (256: 84.5 -> 84.4 / 91.5 -> 92.7; 8192: 100.0
-# -> 100.3 / 100.4 -> 100.9); LayerNorm only at 8192 (99.4 -> 100.0 / 99.8 -> 100.6);
-# RMSNorm at 256 and 512 only back to back (84.8 -> 85.7 and 91.1 -> 91.8; alone 72.4 ->
-# 71.7 and 84.7 -> 83.8, inside the spread of the runs that chose them). Elsewhere the hints
-# cost up to 1.6 points. Sweeps whose candidates shared their inputs had shown gains nearly
-# everywhere (tune_kernels.py says why it no longer shares them).
+# after the sum (ForwardPlan.stream), over ROWS_PATH (LayerNorm's rows of 8192 left the loop
+# path for it). Each plan against the rule it replaced, each on its own inputs as `course
+# bench` times them (docs/benchmarks.md), % of copy each call alone / back to back in a CUDA
+# graph: the fused add, which writes two rows, gained at every length or was level (256:
+# 84.5 -> 84.4 / 91.5 -> 92.7; 8192: 100.0 -> 100.3 / 100.4 -> 100.9); LayerNorm only at
+# 8192 (99.4 -> 100.0 / 99.8 -> 100.6); RMSNorm at 256 and 512 only back to back (84.8 ->
+# 85.7 and 91.1 -> 91.8; alone 72.4 -> 71.7 and 84.7 -> 83.8, inside the spread of the runs
+# that chose them). Elsewhere the hints cost up to 1.6 points. Sweeps whose candidates
+# shared their inputs had shown gains nearly everywhere (tune_kernels.py says why it no
+# longer shares them).
 STREAMED_ROWS = {
     "rmsnorm": {256: (8, 8), 512: (4, 8)},
     "add_rmsnorm": {256: (8, 2), 512: (2, 4), 1024: (1, 8), 2048: (1, 8), 4096: (1, 16),
