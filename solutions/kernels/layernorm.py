@@ -37,6 +37,7 @@ from solutions.kernels.launch import (
 from solutions.kernels.row_loads import (
     bias_or_zeros,
     load_row_piece,
+    load_rows,
     load_x_dy,
     stated_multiples,
     store_rows,
@@ -121,11 +122,7 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
         b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
     if not PREFETCH:
-        if STREAM:
-            x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0,
-                        eviction_policy="evict_first")
-        else:
-            x = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
+        x = load_rows(x_ptr + r64 * stride_x_row + cols[None, :], mask, STREAM)
         x_hat, mean, rstd = _normalise_tile(x.to(tl.float32), mask, N, eps)
         if not params_first:
             w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)

@@ -31,6 +31,7 @@ from solutions.kernels.launch import (
 )
 from solutions.kernels.row_loads import (
     load_row_piece,
+    load_rows,
     load_x_dy,
     stated_multiples,
     store_rows,
@@ -59,17 +60,11 @@ def _load_row_block(x_ptr, res_ptr, res_out_ptr, offsets_x, offsets_res, offsets
     STREAM: read once and written once, so the caches may drop every line first."""
     if READ_AGAIN:
         x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0, eviction_policy="evict_last")
-    elif STREAM:
-        x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0, eviction_policy="evict_first")
     else:
-        x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0)
+        x = load_rows(x_ptr + offsets_x, mask, STREAM)
     r = x
     if HAS_RESIDUAL:
-        if STREAM:
-            r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0,
-                        eviction_policy="evict_first")
-        else:
-            r = tl.load(res_ptr + offsets_res, mask=mask, other=0.0)
+        r = load_rows(res_ptr + offsets_res, mask, STREAM)
     return _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL, STREAM)
 
 

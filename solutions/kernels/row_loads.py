@@ -50,6 +50,15 @@ def bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def load_rows(at, mask, STREAM: tl.constexpr):
+    """Load a tile of rows as stored (0 where masked off). STREAM: read once, so the caches
+    may drop its lines first (`evict_first`)."""
+    if STREAM:
+        return tl.load(at, mask=mask, other=0.0, eviction_policy="evict_first")
+    return tl.load(at, mask=mask, other=0.0)
+
+
+@triton.jit
 def store_rows(at, values, mask, STREAM: tl.constexpr):
     """Store a tile of rows. STREAM: written once and not read again here, so it is
     streamed out (`.cs`: the caches may drop its lines first)."""
