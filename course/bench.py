@@ -139,13 +139,8 @@ def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int
     if not calls:
         raise ValueError("time_graph needs at least one call")
     if not runtime.on_gpu():
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for call in calls:
-                call()
-            times.append((time.perf_counter() - t0) / len(calls))
-        return Timing(tuple(times))
+        return _per_call(time_fn(lambda: [call() for call in calls], warmup=0, reps=reps),
+                         len(calls))
     # Warm up (lazy set-up, compilation) and capture off the default stream.
     on_default = torch.cuda.current_stream() == torch.cuda.default_stream()
     with graph_stream() if on_default else contextlib.nullcontext():
@@ -158,19 +153,15 @@ def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int
         with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
             # Kept alive, so each call in the graph writes its own outputs.
             outputs = [calls[i % len(calls)]() for i in range(in_graph)]
-    graph.replay()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        torch.cuda._sleep(int(50e-6 * 2e9))  # the replay's own launch stays out of the time
-        starts[i].record()
-        graph.replay()
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = tuple(s.elapsed_time(e) * 1e-3 / in_graph for s, e in zip(starts, ends, strict=True))
+    # The replay's own launch stays out of the time (hide_launch).
+    replays = time_fn(graph.replay, warmup=1, reps=reps, hide_launch=True)
     del graph, outputs
-    return Timing(times)
+    return _per_call(replays, in_graph)
+
+
+def _per_call(timing: Timing, calls: int) -> Timing:
+    """The times of runs of `calls` calls each, as times a call."""
+    return Timing(tuple(t / calls for t in timing.times_s))
 
 
 @contextlib.contextmanager
