@@ -57,9 +57,10 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
         for warps in (16, 32):
             for out_block in (4096, 8192, block_n):
                 for registers in (0, 32, 40):
-                    out.append(ForwardPlan("loop", 1, block_n, warps,
-                                           out_block=min(out_block, block_n),
-                                           max_registers=registers))
+                    out += [ForwardPlan("loop", 1, block_n, warps,
+                                        out_block=min(out_block, block_n),
+                                        max_registers=registers, one_row=one_row)
+                            for one_row in (False, True)]
     if N >= 16384:  # rows too long for registers, or nearly
         for block in (16384, 32768, 65536):
             if block > 2 * block_n:
@@ -71,8 +72,9 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                     if block_n >= 65536 or block < block_n:  # one program per row
                         out += [ForwardPlan("loop", 1, min(block, block_n), warps,
                                             out_block=min(out_block, block_n),
-                                            max_registers=registers)
-                                for registers in (0, 40, 64)]
+                                            max_registers=registers, one_row=one_row)
+                                for registers in (0, 40, 64)
+                                for one_row in ((False, True) if block >= block_n else (False,))]
     if N >= 65536:
         for chunk in (8192, 16384, 32768, 65536):
             split = next_power_of_2_split(N, chunk)

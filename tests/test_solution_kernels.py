@@ -4,6 +4,8 @@ In interpreter mode: small shapes, every dtype, odd N, strided rows, each launch
 can run there. On a GPU (marked `gpu`): the benchmark's full shapes and the split path.
 """
 
+from dataclasses import replace
+
 import course  # noqa: F401  (mode first)
 from course import reference, runtime
 from course.check.compare import compare
@@ -38,6 +40,8 @@ SMALL = [(4, 64), (7, 100), (5, 1), (1, 257), (3, 3000), (33, 48)]
 LOOP_FWD = ForwardPlan("loop", 1, 1024, 4, programs=3, out_block=256)
 WHOLE_ROW_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, programs=2, out_block=2048)
 ROW_PER_PROGRAM_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, out_block=2048, max_registers=40)
+# The same without loops: pass 2's four blocks unrolled, the last two past a row of 5000
+ONE_ROW_LOOP_FWD = replace(ROW_PER_PROGRAM_LOOP_FWD, one_row=True)
 LOOP_BWD = BackwardPlan("loop", 1, 1024, 4, programs=3)
 RELOAD_BWD = BackwardPlan("rows", 1, 512, 4, programs=3, reload=True)
 EACH_STEP_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, sum_each_step=True)
@@ -118,8 +122,9 @@ def test_layernorm_rows_kernel_loads_its_parameters_before_or_after_the_reductio
     _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
-@pytest.mark.parametrize("plan", [LOOP_FWD, WHOLE_ROW_LOOP_FWD, ROW_PER_PROGRAM_LOOP_FWD],
-                         ids=["blocks", "whole-row", "a-program-per-row"])
+@pytest.mark.parametrize("plan", [LOOP_FWD, WHOLE_ROW_LOOP_FWD, ROW_PER_PROGRAM_LOOP_FWD,
+                                  ONE_ROW_LOOP_FWD],
+                         ids=["blocks", "whole-row", "a-program-per-row", "one-row"])
 def test_the_loop_paths_match_reference_on_long_rows(plan):
     x, r, w = _x((3, 5000), torch.float32, mean=20.0), _x((3, 5000), torch.float32), _w(
         5000, torch.float32)
@@ -231,6 +236,18 @@ def test_rows_path_streamed_loads_the_weight_after_the_sum_and_matches(dtype, we
     want_mean, want_rstd = reference.layernorm_stats(x + 30)
     _assert_close("mean", mean, want_mean, torch.float32)
     _assert_close("rstd", rstd, want_rstd, torch.float32)
+
+
+def test_one_row_plans_are_for_a_program_per_row_that_holds_the_row():
+    with pytest.raises(ValueError, match="one_row=True is for the loop path with a program"):
+        ForwardPlan("loop", 1, 8192, 8, programs=3, one_row=True)
+    with pytest.raises(ValueError, match="one_row=True is for the loop path"):
+        ForwardPlan("rows", 1, 8192, 8, one_row=True)
+    x, w = _x((2, 9000), torch.float32), _w(9000, torch.float32)
+    with pytest.raises(ValueError, match="rows of up to block_n = 8192 columns; got N = 9000"):
+        rmsnorm_forward(x, w, 1e-6, None, False, ONE_ROW_LOOP_FWD)
+    with pytest.raises(ValueError, match="rows of up to block_n = 8192 columns; got N = 9000"):
+        layernorm_forward(x, w, None, 1e-5, False, ONE_ROW_LOOP_FWD)
 
 
 def test_stream_plans_are_for_the_rows_path_without_prefetch_only():

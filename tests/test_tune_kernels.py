@@ -45,3 +45,15 @@ def test_every_rows_plan_of_a_tile_a_program_is_offered_plain_and_streamed(n):
     assert streamed and all(p.path == "rows" and not p.prefetch for p in streamed)
     assert sorted(map(repr, streamed)) == sorted(
         repr(replace(p, stream=True)) for p in one_tile if not p.stream)
+
+
+@pytest.mark.parametrize("n", [12288, 16384, 65536])
+def test_every_loop_plan_of_a_program_per_row_is_offered_with_and_without_its_loops(n):
+    plans = tune_kernels.forward_candidates(n, SMS)
+    per_row = [p for p in plans if p.path == "loop" and not p.programs and p.block_n >= n]
+    without_loops = [p for p in per_row if p.one_row]
+    assert without_loops, f"no one_row candidate at {n} columns"
+    assert all(p.path == "loop" and not p.programs and p.block_n >= n
+               for p in plans if p.one_row)
+    assert sorted(map(repr, without_loops)) == sorted(
+        repr(replace(p, one_row=True)) for p in per_row if not p.one_row)

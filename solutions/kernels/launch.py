@@ -91,10 +91,15 @@ class ForwardPlan(_LaunchOptions):
     max_registers: int = 0  # per thread, passed to the compiler as maxnreg (0: its choice)
     stream: bool = False  # rows path, one tile a program: rows loaded and stored with
                           # evict-first hints, the weight (and bias) loaded after the sum
+    one_row: bool = False  # loop path, a program per row of at most block_n columns:
+                           # no loops over rows or pass 1's blocks, pass 2's unrolled
 
     def __post_init__(self):
         if self.stream and (self.path != "rows" or self.prefetch):
             raise ValueError(f"stream=True is for the rows path without prefetch: {self}")
+        if self.one_row and (self.path != "loop" or self.programs):
+            raise ValueError(f"one_row=True is for the loop path with a program per row: "
+                             f"{self}")
 
     def grid(self, M: int, N: int) -> tuple[int]:
         if self.path == "rows":  # one program a tile, unless they prefetch
@@ -107,6 +112,13 @@ class ForwardPlan(_LaunchOptions):
     @property
     def second_block(self) -> int:
         return self.out_block or self.block_n
+
+    def one_row_of(self, N: int) -> bool:
+        """The loop kernels' ONE_ROW for rows of N columns (`one_row`)."""
+        if self.one_row and N > self.block_n:
+            raise ValueError(f"a one_row plan takes rows of up to block_n = {self.block_n} "
+                             f"columns; got N = {N}: {self}")
+        return self.one_row
 
 
 @dataclass(frozen=True)
@@ -210,8 +222,8 @@ STREAMED_ROWS = {
 # next while computing this one.
 PERSISTENT_PER_SM = 8
 # 16-bit rows that fit registers, but measured faster on the loop path with one program
-# per row: (op, BLOCK_N) -> (warps, pass 2's block, registers a thread). A program loads
-# the whole row at once and reads it again; held to 32 or 40 registers, two programs share
+# per row: (op, BLOCK_N) -> (warps, pass 2's block, registers a thread, one_row). A program
+# loads the whole row at once and reads it again; held to 32 or 40 registers, two share
 # an SM, so that one's reduction overlaps the other's loads (100 % of copy at 16384 and
 # 32768 for RMSNorm, against 98 and 93 % with the row kept in registers).
 # RMSNorm's rows of 65536 too: one program per row, alone on its SM, loading the whole
@@ -219,15 +231,23 @@ PERSISTENT_PER_SM = 8
 # loop between rows is what cost); the register cap must be given (85.7 % without it).
 # RMSNorm's rows of 8192 too, on 16 warps held to 40 registers: 100.4 and 100.5 % in two
 # sweeps, against 99.1 and 99.3 % for the row in registers (one row, 8 warps).
-ONE_ROW_LOOP = {("rmsnorm", 8192): (16, 8192, 40),
-                ("rmsnorm", 16384): (32, 8192, 40), ("rmsnorm", 32768): (32, 32768, 0),
-                ("rmsnorm", 65536): (32, 16384, 64),
-                ("add_rmsnorm", 16384): (32, 8192, 40), ("add_rmsnorm", 32768): (32, 32768, 0),
-                ("layernorm", 16384): (16, 8192, 0)}
+# one_row (ForwardPlan.one_row): the kernel without its loops, pass 2 unrolled. Against the
+# same plan with loops, each on its own inputs, four rounds, each call alone / back to back
+# (docs/benchmarks.md): RMSNorm 16384 99.8 -> 100.0 / 100.4 -> 100.7 (torch.compile 100.1
+# / 100.7), LayerNorm 16384 99.1 -> 99.4 / 99.4 -> 99.8; 0.1 to 0.5 faster at the others.
+# RMSNorm at 8192 measured slower without loops (100.3 -> 99.9 / 100.7 -> 100.4; likely
+# because the compiler then gives it 32 registers, not 40, and four programs share an SM).
+ONE_ROW_LOOP = {("rmsnorm", 8192): (16, 8192, 40, False),
+                ("rmsnorm", 16384): (32, 8192, 40, True),
+                ("rmsnorm", 32768): (32, 32768, 0, True),
+                ("rmsnorm", 65536): (32, 16384, 64, True),
+                ("add_rmsnorm", 16384): (32, 8192, 40, True),
+                ("add_rmsnorm", 32768): (32, 32768, 0, True),
+                ("layernorm", 16384): (16, 8192, 0, True)}
 # RMSNorm's float32 rows of 32768 too, the whole row (128 KB) loaded at once by 32 warps:
 # 100.8 and 100.9 % against 95.5 and 95.4 % for one program per SM walking over rows
 # (torch.compile 100.3 and 100.2 %, launching the same shape of program).
-ONE_ROW_LOOP_FLOAT32 = {("rmsnorm", 32768): (32, 32768, 0)}
+ONE_ROW_LOOP_FLOAT32 = {("rmsnorm", 32768): (32, 32768, 0, True)}
 # Float32 rows where the 16-bit rule measured slower (`tune_kernels.py --dtype float32`,
 # then two trials on own inputs), over ROWS_PATH's 16-bit rules. Fused add at
 # 512: 97.0 % against 93.9 % on the 16-bit rule's single warp; RMSNorm at 512: 94.3 and
@@ -246,8 +266,10 @@ _ROWS_PATH_WITH_FLOAT32 = {op: rules | ROWS_PATH_FLOAT32.get(op, {})
 PARTIAL_BLOCK = {
     "rmsnorm": {2048: ForwardPlan("rows", 2, 2048, 8), 4096: ForwardPlan("rows", 1, 4096, 2),
                 8192: ForwardPlan("rows", 1, 8192, 4),
-                16384: ForwardPlan("loop", 1, 16384, 16, out_block=4096, max_registers=40),
-                32768: ForwardPlan("loop", 1, 32768, 32, out_block=8192, max_registers=40)},
+                16384: ForwardPlan("loop", 1, 16384, 16, out_block=4096, max_registers=40,
+                                   one_row=True),
+                32768: ForwardPlan("loop", 1, 32768, 32, out_block=8192, max_registers=40,
+                                   one_row=True)},
     # rows of 16385 to 32767: one program per row, passes of 16384 columns (the loop path
     # for rows longer than its block)
     "layernorm": {2048: ForwardPlan("rows", 2, 2048, 4), 4096: ForwardPlan("rows", 2, 4096, 8),
@@ -259,7 +281,8 @@ PARTIAL_BLOCK = {
 # 5120 to 7168 in the block of 8192); elsewhere they were within 1.1 of it, or one length
 # was swept.
 PARTIAL_BLOCK_FLOAT32 = {
-    "rmsnorm": {8192: ForwardPlan("loop", 1, 8192, 16, out_block=4096, max_registers=40)},
+    "rmsnorm": {8192: ForwardPlan("loop", 1, 8192, 16, out_block=4096, max_registers=40,
+                                  one_row=True)},
     "layernorm": {4096: ForwardPlan("rows", 1, 4096, 4),
                   8192: ForwardPlan("loop", 1, 8192, 16, out_block=4096)},
 }
@@ -291,9 +314,9 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
         return replace(partial, block_m=min(partial.block_m, next_power_of_2(M)))
     one_row_loop = ONE_ROW_LOOP_FLOAT32 if float32 else ONE_ROW_LOOP
     if (op, block_n) in one_row_loop:
-        warps, out_block, registers = one_row_loop[op, block_n]
+        warps, out_block, registers, one_row = one_row_loop[op, block_n]
         return ForwardPlan("loop", 1, block_n, warps, out_block=out_block,
-                           max_registers=registers)
+                           max_registers=registers, one_row=one_row)
     rows_path = (_ROWS_PATH_WITH_FLOAT32 if float32 else ROWS_PATH)[op]
     if block_n <= 256 and block_n not in rows_path:
         block_m = max(1, min(16, 2048 // block_n, next_power_of_2(M)))

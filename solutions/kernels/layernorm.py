@@ -240,31 +240,45 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                               STORE_STATS: tl.constexpr,
                               BLOCK_N: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                              MULTIPLE: tl.constexpr):
-    # As rmsnorm_fwd_loop_kernel: programs walk over rows; pass 1 sums BLOCK_N columns at
+                              ONE_ROW: tl.constexpr, MULTIPLE: tl.constexpr):
+    # As rmsnorm_fwd_loop_kernel: programs walk over rows (or, ONE_ROW, take one row of at
+    # most BLOCK_N columns, whose second pass is unrolled); pass 1 sums BLOCK_N columns at
     # once, keeping nothing, about the mean of the first block (the shift, which thus
     # costs no load of its own); pass 2 reads the row again.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
-    for row in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
+    first_row = tl.program_id(0).to(tl.int64)
+    if ONE_ROW:
+        end, step = first_row + 1, 1
+    else:
+        end, step = M, tl.num_programs(0)
+    for row in range(first_row, end, step):
         x_row = x_ptr + row * stride_x_row
         first = tl.arange(0, BLOCK_N)
         x = _load_to_read_again(x_row, first, first < N)
         shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
         sum_d, sum_d2 = _sums_about(x, first < N, shift)
-        for start in range(BLOCK_N, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            block_d, block_d2 = _shifted_sums(x_row, cols, cols < N, shift)
-            sum_d += block_d
-            sum_d2 += block_d2
+        if not ONE_ROW:
+            for start in range(BLOCK_N, N, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                block_d, block_d2 = _shifted_sums(x_row, cols, cols < N, shift)
+                sum_d += block_d
+                sum_d2 += block_d2
         mean, rstd = _stats_from_shifted(sum_d, sum_d2, shift, N, eps)
         if STORE_STATS:
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
-        for start in range(0, N, OUT_BLOCK):
-            cols = start + tl.arange(0, OUT_BLOCK)
-            _normalise_again(x_row, w_ptr, b_ptr, y_ptr + row * stride_y_row,
-                             cols, cols < N, mean, rstd, HAS_WEIGHT, HAS_BIAS)
+        y_row = y_ptr + row * stride_y_row
+        if ONE_ROW:
+            for start in tl.static_range(0, BLOCK_N, OUT_BLOCK):
+                cols = start + tl.arange(0, OUT_BLOCK)
+                _normalise_again(x_row, w_ptr, b_ptr, y_row, cols, cols < N, mean, rstd,
+                                 HAS_WEIGHT, HAS_BIAS)
+        else:
+            for start in range(0, N, OUT_BLOCK):
+                cols = start + tl.arange(0, OUT_BLOCK)
+                _normalise_again(x_row, w_ptr, b_ptr, y_row, cols, cols < N, mean, rstd,
+                                 HAS_WEIGHT, HAS_BIAS)
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -306,7 +320,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             layernorm_fwd_loop_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
                                             **flags, BLOCK_N=plan.block_n,
                                             OUT_BLOCK=plan.second_block,
-                                            **plan.launch_options())
+                                            ONE_ROW=plan.one_row_of(N), **plan.launch_options())
     lead = x.shape[:-1]
     if stats is None:
         return y.view(x.shape), None, None

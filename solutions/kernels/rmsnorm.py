@@ -175,16 +175,25 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             stride_res_out_row, eps,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, BLOCK_N: tl.constexpr,
-                            OUT_BLOCK: tl.constexpr, MULTIPLE: tl.constexpr):
+                            OUT_BLOCK: tl.constexpr, ONE_ROW: tl.constexpr,
+                            MULTIPLE: tl.constexpr):
     # Programs walk over rows (one per SM on a GPU), or take one row each. Pass 1 loads
     # BLOCK_N columns at once, the whole row when it fits, and keeps nothing but the sum of
     # squares: the loads are all in flight together, which is what keeps HBM busy. Pass 2
     # reads the row again, mostly from L1 or L2, where pass 1 asked it to stay.
+    # ONE_ROW: a program has one row, of at most BLOCK_N columns. Pass 1 is then one block
+    # and pass 2's blocks are unrolled, so the compiler can issue their loads together
+    # (0.1 to 0.5 point of copy faster at most lengths; launch.ONE_ROW_LOOP says where).
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
-    for r64 in range(tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
+    first_row = tl.program_id(0).to(tl.int64)
+    if ONE_ROW:
+        end, step = first_row + 1, 1
+    else:
+        end, step = M, tl.num_programs(0)
+    for r64 in range(first_row, end, step):
         sum_sq = 0.0
-        for start in range(0, N, BLOCK_N):
+        for start in range(0, BLOCK_N if ONE_ROW else N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < N
             x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
@@ -199,10 +208,15 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
             tl.debug_barrier()  # pass 2's threads read sums that other threads stored
         else:
             src_ptr = x_ptr + r64 * stride_x_row
-        for start in range(0, N, OUT_BLOCK):
-            cols = start + tl.arange(0, OUT_BLOCK)
-            _normalise_again(src_ptr, w_ptr, y_ptr + r64 * stride_y_row, cols, cols < N, rstd,
-                             HAS_WEIGHT)
+        y_row_ptr = y_ptr + r64 * stride_y_row
+        if ONE_ROW:
+            for start in tl.static_range(0, BLOCK_N, OUT_BLOCK):
+                cols = start + tl.arange(0, OUT_BLOCK)
+                _normalise_again(src_ptr, w_ptr, y_row_ptr, cols, cols < N, rstd, HAS_WEIGHT)
+        else:
+            for start in range(0, N, OUT_BLOCK):
+                cols = start + tl.arange(0, OUT_BLOCK)
+                _normalise_again(src_ptr, w_ptr, y_row_ptr, cols, cols < N, rstd, HAS_WEIGHT)
 
 
 @triton.jit(do_not_specialize=["epoch"])
@@ -288,7 +302,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         else:
             rmsnorm_fwd_loop_kernel[grid](*args, M, N, *strides, eps, **flags,
                                           BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
-                                          **plan.launch_options())
+                                          ONE_ROW=plan.one_row_of(N), **plan.launch_options())
     shape = x.shape
     return (y.view(shape), res_out.view(shape) if res_out is not None else None,
             rstd.view(shape[:-1]) if rstd is not None else None)
