@@ -234,7 +234,8 @@ PERSISTENT_PER_SM = 8
 # one_row (ForwardPlan.one_row): the kernel without its loops, pass 2 unrolled. Against the
 # same plan with loops, each on its own inputs, four rounds, each call alone / back to back
 # (docs/benchmarks.md): RMSNorm 16384 99.8 -> 100.0 / 100.4 -> 100.7 (torch.compile 100.1
-# / 100.7), LayerNorm 16384 99.1 -> 99.4 / 99.4 -> 99.8; 0.1 to 0.5 faster at the others.
+# / 100.7), LayerNorm 16384 99.1 -> 99.4 / 99.4 -> 99.8; at the others, and in a second
+# trial, 0.0 to 0.5 faster, but for the fused add at 32768 back to back once (100.1 -> 99.8).
 # RMSNorm at 8192 measured slower without loops (100.3 -> 99.9 / 100.7 -> 100.4; likely
 # because the compiler then gives it 32 registers, not 40, and four programs share an SM).
 ONE_ROW_LOOP = {("rmsnorm", 8192): (16, 8192, 40, False),
