@@ -39,6 +39,7 @@ from solutions.kernels.row_loads import (
     load_row_piece,
     load_rows,
     load_x_dy,
+    rows_of_program,
     stated_multiples,
     store_rows,
     take_prefetched,
@@ -247,11 +248,7 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # costs no load of its own); pass 2 reads the row again.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
-    first_row = tl.program_id(0).to(tl.int64)
-    if ONE_ROW:
-        end, step = first_row + 1, 1
-    else:
-        end, step = M, tl.num_programs(0)
+    first_row, end, step = rows_of_program(M, ONE_ROW)
     for row in range(first_row, end, step):
         x_row = x_ptr + row * stride_x_row
         first = tl.arange(0, BLOCK_N)

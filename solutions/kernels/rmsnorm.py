@@ -33,6 +33,7 @@ from solutions.kernels.row_loads import (
     load_row_piece,
     load_rows,
     load_x_dy,
+    rows_of_program,
     stated_multiples,
     store_rows,
     take_prefetched,
@@ -186,11 +187,7 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     # (0.1 to 0.5 point of copy faster at most lengths; launch.ONE_ROW_LOOP says where).
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
-    first_row = tl.program_id(0).to(tl.int64)
-    if ONE_ROW:
-        end, step = first_row + 1, 1
-    else:
-        end, step = M, tl.num_programs(0)
+    first_row, end, step = rows_of_program(M, ONE_ROW)
     for r64 in range(first_row, end, step):
         sum_sq = 0.0
         for start in range(0, BLOCK_N if ONE_ROW else N, BLOCK_N):

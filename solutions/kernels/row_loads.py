@@ -1,5 +1,5 @@
-"""Triton helpers that both ops' kernels load their rows and parameters with, and store
-rows with."""
+"""Triton helpers that both ops' kernels load their rows and parameters with, store rows
+with, and pick a loop-path program's rows with."""
 
 from __future__ import annotations
 
@@ -25,6 +25,19 @@ def stated_multiples(n, stride_a, stride_b, stride_c, stride_d, MULTIPLE: tl.con
     return (stated_multiple(n, MULTIPLE), stated_multiple(stride_a, MULTIPLE),
             stated_multiple(stride_b, MULTIPLE), stated_multiple(stride_c, MULTIPLE),
             stated_multiple(stride_d, MULTIPLE))
+
+
+@triton.jit
+def rows_of_program(M, ONE_ROW: tl.constexpr):
+    """(first, end, step) of the rows a loop-path program takes, for `range`: every
+    num_programs-th row from its own, or, ONE_ROW (ForwardPlan.one_row), its own row only,
+    with bounds the compiler sees make one trip."""
+    first = tl.program_id(0).to(tl.int64)
+    if ONE_ROW:
+        end, step = first + 1, 1
+    else:
+        end, step = M, tl.num_programs(0)
+    return first, end, step
 
 
 @triton.jit
