@@ -24,7 +24,7 @@ from course import bench, hardware, shootout  # noqa: E402
 import torch  # noqa: E402
 
 from solutions.kernels import launch  # noqa: E402
-from solutions.kernels.launch import BackwardPlan, ForwardPlan  # noqa: E402
+from solutions.kernels.launch import MAX_ROW_BLOCKS, BackwardPlan, ForwardPlan  # noqa: E402
 from solutions.kernels.layernorm import _forward as ln_fwd  # noqa: E402
 from solutions.kernels.layernorm import layernorm_backward  # noqa: E402
 from solutions.kernels.rmsnorm import _forward as rms_fwd  # noqa: E402
@@ -61,6 +61,11 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                                         out_block=min(out_block, block_n),
                                         max_registers=registers, one_row=one_row)
                             for one_row in (False, True)]
+    if N > 4096:  # one program per row, the row in up to 16 unrolled blocks of its own
+        for block in (1024, 2048, 4096, 8192):
+            if block < N <= MAX_ROW_BLOCKS * block:
+                out += [ForwardPlan("loop", 1, block, warps, out_block=block, one_row=True)
+                        for warps in (4, 8, 16, 32) if 2 <= block / (32 * warps) <= 16]
     if N >= 16384:  # rows too long for registers, or nearly
         for block in (16384, 32768, 65536):
             if block > 2 * block_n:

@@ -41,8 +41,11 @@ def test_a_stated_multiple_of_8_gives_the_accesses_of_rows_aligned_to_16(compile
 
 
 def test_without_the_statement_every_load_is_of_one_value(compiled):
-    # rows of 4104 bf16 values two bytes a load, float32 partial sums four
-    for case, ways in compiled.items():
+    # rows of 4104 bf16 values two bytes a load, float32 partial sums four (launches with
+    # EVEN, whose rows fill their blocks, are not compiled this way: kernel_ptx.WAYS)
+    unstated = {case: ways for case, ways in compiled.items() if "unstated" in ways}
+    assert len(compiled) - len(unstated) == 2, sorted(set(compiled) - set(unstated))
+    for case, ways in unstated.items():
         loads = [a for a in ways["unstated"] if a.startswith("ld.")]
         assert loads and not any(".v2." in a or ".v4." in a for a in loads), case
 

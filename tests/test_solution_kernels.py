@@ -42,6 +42,8 @@ WHOLE_ROW_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, programs=2, out_block=2048)
 ROW_PER_PROGRAM_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, out_block=2048, max_registers=40)
 # The same without loops: pass 2's four blocks unrolled, the last two past a row of 5000
 ONE_ROW_LOOP_FWD = replace(ROW_PER_PROGRAM_LOOP_FWD, one_row=True)
+# A row of 5000 in five unrolled blocks of 1024, the last one part empty
+ONE_ROW_BLOCKS_FWD = ForwardPlan("loop", 1, 1024, 4, out_block=512, one_row=True)
 LOOP_BWD = BackwardPlan("loop", 1, 1024, 4, programs=3)
 RELOAD_BWD = BackwardPlan("rows", 1, 512, 4, programs=3, reload=True)
 EACH_STEP_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, sum_each_step=True)
@@ -123,8 +125,9 @@ def test_layernorm_rows_kernel_loads_its_parameters_before_or_after_the_reductio
 
 
 @pytest.mark.parametrize("plan", [LOOP_FWD, WHOLE_ROW_LOOP_FWD, ROW_PER_PROGRAM_LOOP_FWD,
-                                  ONE_ROW_LOOP_FWD],
-                         ids=["blocks", "whole-row", "a-program-per-row", "one-row"])
+                                  ONE_ROW_LOOP_FWD, ONE_ROW_BLOCKS_FWD],
+                         ids=["blocks", "whole-row", "a-program-per-row", "one-row",
+                              "one-row-in-blocks"])
 def test_the_loop_paths_match_reference_on_long_rows(plan):
     x, r, w = _x((3, 5000), torch.float32, mean=20.0), _x((3, 5000), torch.float32), _w(
         5000, torch.float32)
@@ -238,16 +241,41 @@ def test_rows_path_streamed_loads_the_weight_after_the_sum_and_matches(dtype, we
     _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
-def test_one_row_plans_are_for_a_program_per_row_that_holds_the_row():
+def test_one_row_plans_are_for_a_program_per_row_of_a_few_blocks():
     with pytest.raises(ValueError, match="one_row=True is for the loop path with a program"):
         ForwardPlan("loop", 1, 8192, 8, programs=3, one_row=True)
     with pytest.raises(ValueError, match="one_row=True is for the loop path"):
         ForwardPlan("rows", 1, 8192, 8, one_row=True)
-    x, w = _x((2, 9000), torch.float32), _w(9000, torch.float32)
-    with pytest.raises(ValueError, match="rows of up to block_n = 8192 columns; got N = 9000"):
-        rmsnorm_forward(x, w, 1e-6, None, False, ONE_ROW_LOOP_FWD)
-    with pytest.raises(ValueError, match="rows of up to block_n = 8192 columns; got N = 9000"):
-        layernorm_forward(x, w, None, 1e-5, False, ONE_ROW_LOOP_FWD)
+    assert ONE_ROW_BLOCKS_FWD.row_blocks(5000) == {"ROW_BLOCKS": 5, "EVEN": False}
+    assert ONE_ROW_BLOCKS_FWD.row_blocks(4096) == {"ROW_BLOCKS": 4, "EVEN": True}
+    assert ONE_ROW_BLOCKS_FWD.row_blocks(1024) == {"ROW_BLOCKS": 1, "EVEN": False}
+    assert LOOP_FWD.row_blocks(4096) == {"ROW_BLOCKS": 0, "EVEN": False}
+    x, w = _x((2, 17000), torch.float32), _w(17000, torch.float32)
+    with pytest.raises(ValueError, match="unrolls at most 16 blocks of block_n = 1024 "
+                                         "columns; got N = 17000"):
+        rmsnorm_forward(x, w, 1e-6, None, False, ONE_ROW_BLOCKS_FWD)
+    with pytest.raises(ValueError, match="unrolls at most 16 blocks"):
+        layernorm_forward(x, w, None, 1e-5, False, ONE_ROW_BLOCKS_FWD)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_one_row_plans_without_masks_match_reference(dtype):
+    # Rows of 4096 fill four blocks of 1024 and eight of 512 (pass 2): EVEN, no masks.
+    # Strided rows, and a large mean for LayerNorm's shift.
+    x = _x((3, 5000), dtype, mean=30.0)[:, :4096]
+    r, w, b = _x((3, 4096), dtype, seed=5), _w(4096, dtype), _x(4096, dtype, seed=4)
+    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, ONE_ROW_BLOCKS_FWD)
+    _assert_close("y", y, reference.rmsnorm(x, w), dtype)
+    _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
+    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, ONE_ROW_BLOCKS_FWD)
+    want_y, want_res = reference.add_rmsnorm(x, r, w)
+    _assert_close("y", y, want_y, dtype)
+    _assert_close("residual", res, want_res, dtype)
+    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, ONE_ROW_BLOCKS_FWD)
+    _assert_close("y", y, reference.layernorm(x, w, b), dtype)
+    want_mean, want_rstd = reference.layernorm_stats(x)
+    _assert_close("mean", mean, want_mean, torch.float32)
+    _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
 def test_stream_plans_are_for_the_rows_path_without_prefetch_only():
@@ -268,8 +296,7 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
             plan = forward_plan(4096, n, gpu, element_size=element_size,
                                 residual=op == "add_rmsnorm", layernorm=op == "layernorm")
             where = f"{op}, N = {n}, {element_size}-byte values: {plan}"
-            block = 1 << (n - 1).bit_length()
-            partial = partial_block_rule(op, block, element_size) if n < block else None
+            partial = partial_block_rule(op, n, element_size)
             if partial is not None:  # rows that leave their block part empty
                 assert plan == partial, where
             if plan.path == "split":
@@ -277,6 +304,9 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
             elif plan.path == "rows":
                 assert plan.block_n >= n and plan.block_m >= 1, where
                 assert plan.prefetch or not plan.programs, where
+            elif plan.one_row:  # unrolled blocks: enough of them, and not too many
+                assert plan.row_blocks(n)["ROW_BLOCKS"] * plan.block_n >= n, where
+                assert plan.second_block <= plan.block_n and not plan.programs, where
             else:
                 assert plan.path == "loop" and plan.second_block <= plan.block_n, where
                 if not plan.programs and plan != partial:  # a program per row: where measured

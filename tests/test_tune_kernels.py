@@ -14,6 +14,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import tune_kernels  # noqa: E402
 
+from solutions.kernels.launch import MAX_ROW_BLOCKS  # noqa: E402
+
 SMS = 132
 
 
@@ -53,7 +55,10 @@ def test_every_loop_plan_of_a_program_per_row_is_offered_with_and_without_its_lo
     per_row = [p for p in plans if p.path == "loop" and not p.programs and p.block_n >= n]
     without_loops = [p for p in per_row if p.one_row]
     assert without_loops, f"no one_row candidate at {n} columns"
-    assert all(p.path == "loop" and not p.programs and p.block_n >= n
-               for p in plans if p.one_row)
     assert sorted(map(repr, without_loops)) == sorted(
         repr(replace(p, one_row=True)) for p in per_row if not p.one_row)
+    # and rows in several unrolled blocks shorter than the row, never more than it unrolls
+    in_blocks = [p for p in plans if p.one_row and p.block_n < n]
+    assert in_blocks, f"no one_row candidate in blocks shorter than {n} columns"
+    assert all(p.path == "loop" and not p.programs
+               and p.row_blocks(n)["ROW_BLOCKS"] <= MAX_ROW_BLOCKS for p in in_blocks)

@@ -61,6 +61,10 @@ RMS_BACKWARD_SPLIT = {torch.bfloat16: (8192, 8, 128), torch.float16: (8192, 4, 0
                       torch.float32: (4096, 16, 0)}
 
 
+# A one_row plan unrolls its row's blocks: at most this many, so the code stays small.
+MAX_ROW_BLOCKS = 16
+
+
 class _LaunchOptions:
     """Keyword arguments for the kernel launch: warps, and the register cap if one is set."""
 
@@ -91,8 +95,8 @@ class ForwardPlan(_LaunchOptions):
     max_registers: int = 0  # per thread, passed to the compiler as maxnreg (0: its choice)
     stream: bool = False  # rows path, one tile a program: rows loaded and stored with
                           # evict-first hints, the weight (and bias) loaded after the sum
-    one_row: bool = False  # loop path, a program per row of at most block_n columns:
-                           # no loops over rows or pass 1's blocks, pass 2's unrolled
+    one_row: bool = False  # loop path, a program per row: no loops, the row's blocks of
+                           # block_n columns unrolled (ForwardPlan.row_blocks)
 
     def __post_init__(self):
         if self.stream and (self.path != "rows" or self.prefetch):
@@ -113,12 +117,19 @@ class ForwardPlan(_LaunchOptions):
     def second_block(self) -> int:
         return self.out_block or self.block_n
 
-    def one_row_of(self, N: int) -> bool:
-        """The loop kernels' ONE_ROW for rows of N columns (`one_row`)."""
-        if self.one_row and N > self.block_n:
-            raise ValueError(f"a one_row plan takes rows of up to block_n = {self.block_n} "
-                             f"columns; got N = {N}: {self}")
-        return self.one_row
+    def row_blocks(self, N: int) -> dict:
+        """The loop kernels' ROW_BLOCKS and EVEN for rows of N columns. A one_row plan holds
+        a row in ROW_BLOCKS = cdiv(N, block_n) blocks, unrolled (at most MAX_ROW_BLOCKS);
+        other plans loop (0). EVEN: a row of several blocks fills every block of both
+        passes, so the kernel needs no masks."""
+        if not self.one_row:
+            return {"ROW_BLOCKS": 0, "EVEN": False}
+        blocks = -(-N // self.block_n)
+        if blocks > MAX_ROW_BLOCKS:
+            raise ValueError(f"a one_row plan unrolls at most {MAX_ROW_BLOCKS} blocks of "
+                             f"block_n = {self.block_n} columns; got N = {N}: {self}")
+        even = blocks > 1 and N % self.block_n == 0 and N % self.second_block == 0
+        return {"ROW_BLOCKS": blocks, "EVEN": even}
 
 
 @dataclass(frozen=True)
@@ -271,11 +282,19 @@ PARTIAL_BLOCK = {
                                    one_row=True),
                 32768: ForwardPlan("loop", 1, 32768, 32, out_block=8192, max_registers=40,
                                    one_row=True)},
-    # rows of 16385 to 32767: one program per row, passes of 16384 columns (the loop path
-    # for rows longer than its block)
+    # Rows of 8193 to 32767: one program per row, the row in unrolled blocks of 2048 or 4096
+    # columns (one_row), as many as it takes. Against the rules before (the row in 16 warps'
+    # registers to 16383, passes of 16384 columns beyond), each on its own inputs, % of copy
+    # each call alone (docs/benchmarks.md): 9216 81.8 -> 95.6, 10240 85.6 -> 96.1, 11264
+    # 90.1 -> 94.5, 12288 92.8 -> 96.6, 13312 95.0 -> 95.2, 15360 97.8 -> 98.4, 20480 81.9
+    # -> 92.9, 24576 89.9 -> 95.4, 28672 91.5 -> 96.3. A block holds by the row's length:
+    # (most columns, plan) in turn.
     "layernorm": {2048: ForwardPlan("rows", 2, 2048, 4), 4096: ForwardPlan("rows", 2, 4096, 8),
-                  8192: ForwardPlan("rows", 1, 8192, 8), 16384: ForwardPlan("rows", 1, 16384, 16),
-                  32768: ForwardPlan("loop", 1, 16384, 16, out_block=8192)},
+                  8192: ForwardPlan("rows", 1, 8192, 8),
+                  16384: ((11264, ForwardPlan("loop", 1, 2048, 8, out_block=2048, one_row=True)),
+                          (16383, ForwardPlan("loop", 1, 4096, 16, out_block=4096,
+                                              one_row=True))),
+                  32768: ForwardPlan("loop", 1, 4096, 32, out_block=4096, one_row=True)},
 }
 # The same for float32 rows, where the rules above were 1.7 to 6.7 points behind the best
 # plan (`tune-float32-partial-blocks.json`: 2560 and 3072 columns in the block of 4096,
@@ -289,11 +308,15 @@ PARTIAL_BLOCK_FLOAT32 = {
 }
 
 
-def partial_block_rule(op: str, block_n: int, element_size: int) -> ForwardPlan | None:
-    """The plan for rows shorter than their block of `block_n` columns, where one was swept:
-    16-bit rows (PARTIAL_BLOCK) or float32 ones (PARTIAL_BLOCK_FLOAT32)."""
+def partial_block_rule(op: str, N: int, element_size: int) -> ForwardPlan | None:
+    """The plan for rows of N columns, shorter than their block, where one was swept: 16-bit
+    rows (PARTIAL_BLOCK) or float32 ones (PARTIAL_BLOCK_FLOAT32). None where N fills it."""
+    block_n = next_power_of_2(N)
     table = PARTIAL_BLOCK_FLOAT32 if element_size == 4 else PARTIAL_BLOCK
-    return table.get(op, {}).get(block_n)
+    rule = table.get(op, {}).get(block_n)
+    if N == block_n or not isinstance(rule, tuple):
+        return None if N == block_n else rule
+    return next(plan for most, plan in rule if N <= most)
 
 
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
@@ -310,8 +333,8 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
     # LayerNorm's float32 rows of 32768 in 32 warps' registers: 97.7 and 98.0 % of copy
     # against 94.9 and 95.0 on the loop path (torch.compile 97.6 and 97.4).
     register_limit = MAX_REGISTER_BLOCK if (layernorm or not float32) and not residual else 16384
-    partial = partial_block_rule(op, block_n, element_size)
-    if partial is not None and N < block_n:
+    partial = partial_block_rule(op, N, element_size)
+    if partial is not None:
         return replace(partial, block_m=min(partial.block_m, next_power_of_2(M)))
     one_row_loop = ONE_ROW_LOOP_FLOAT32 if float32 else ONE_ROW_LOOP
     if (op, block_n) in one_row_loop:

@@ -36,6 +36,7 @@ from solutions.kernels.launch import (
 )
 from solutions.kernels.row_loads import (
     bias_or_zeros,
+    columns_in_row,
     load_row_piece,
     load_rows,
     load_x_dy,
@@ -241,36 +242,51 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                               STORE_STATS: tl.constexpr,
                               BLOCK_N: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                              ONE_ROW: tl.constexpr, MULTIPLE: tl.constexpr):
-    # As rmsnorm_fwd_loop_kernel: programs walk over rows (or, ONE_ROW, take one row of at
-    # most BLOCK_N columns, whose second pass is unrolled); pass 1 sums BLOCK_N columns at
-    # once, keeping nothing, about the mean of the first block (the shift, which thus
-    # costs no load of its own); pass 2 reads the row again.
+                              ROW_BLOCKS: tl.constexpr, EVEN: tl.constexpr,
+                              MULTIPLE: tl.constexpr):
+    # As rmsnorm_fwd_loop_kernel: programs walk over rows (or, ROW_BLOCKS > 0, take one row
+    # in that many blocks, unrolled, summed lane by lane; EVEN: no masks); pass 1 sums
+    # BLOCK_N columns at once, keeping nothing, about the mean of the first block (the
+    # shift, which thus costs no load of its own); pass 2 reads the row again.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
+    ONE_ROW: tl.constexpr = ROW_BLOCKS > 0
     first_row, end, step = rows_of_program(M, ONE_ROW)
     for row in range(first_row, end, step):
         x_row = x_ptr + row * stride_x_row
         first = tl.arange(0, BLOCK_N)
-        x = _load_to_read_again(x_row, first, first < N)
+        in_row = columns_in_row(first, N, EVEN)
+        x = _load_to_read_again(x_row, first, in_row)
         shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
-        sum_d, sum_d2 = _sums_about(x, first < N, shift)
-        if not ONE_ROW:
-            for start in range(BLOCK_N, N, BLOCK_N):
+        if ROW_BLOCKS > 1:
+            d = tl.where(in_row, x - shift, 0.0)
+            lanes_d, lanes_d2 = d, d * d
+            for start in tl.static_range(BLOCK_N, ROW_BLOCKS * BLOCK_N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
-                block_d, block_d2 = _shifted_sums(x_row, cols, cols < N, shift)
-                sum_d += block_d
-                sum_d2 += block_d2
+                in_row = columns_in_row(cols, N, EVEN)
+                d = tl.where(in_row, _load_to_read_again(x_row, cols, in_row) - shift, 0.0)
+                lanes_d += d
+                lanes_d2 += d * d
+            sum_d, sum_d2 = tl.sum(lanes_d, axis=0), tl.sum(lanes_d2, axis=0)
+        else:
+            sum_d, sum_d2 = _sums_about(x, in_row, shift)
+            if not ONE_ROW:
+                for start in range(BLOCK_N, N, BLOCK_N):
+                    cols = start + tl.arange(0, BLOCK_N)
+                    block_d, block_d2 = _shifted_sums(x_row, cols, cols < N, shift)
+                    sum_d += block_d
+                    sum_d2 += block_d2
         mean, rstd = _stats_from_shifted(sum_d, sum_d2, shift, N, eps)
         if STORE_STATS:
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
         y_row = y_ptr + row * stride_y_row
         if ONE_ROW:
-            for start in tl.static_range(0, BLOCK_N, OUT_BLOCK):
+            for start in tl.static_range(0, ROW_BLOCKS * BLOCK_N, OUT_BLOCK):
                 cols = start + tl.arange(0, OUT_BLOCK)
-                _normalise_again(x_row, w_ptr, b_ptr, y_row, cols, cols < N, mean, rstd,
-                                 HAS_WEIGHT, HAS_BIAS)
+                _normalise_again(x_row, w_ptr, b_ptr, y_row, cols,
+                                 columns_in_row(cols, N, EVEN), mean, rstd, HAS_WEIGHT,
+                                 HAS_BIAS)
         else:
             for start in range(0, N, OUT_BLOCK):
                 cols = start + tl.arange(0, OUT_BLOCK)
@@ -317,7 +333,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             layernorm_fwd_loop_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
                                             **flags, BLOCK_N=plan.block_n,
                                             OUT_BLOCK=plan.second_block,
-                                            ONE_ROW=plan.one_row_of(N), **plan.launch_options())
+                                            **plan.row_blocks(N), **plan.launch_options())
     lead = x.shape[:-1]
     if stats is None:
         return y.view(x.shape), None, None

@@ -30,6 +30,7 @@ from solutions.kernels.launch import (
     stated_multiple_of,
 )
 from solutions.kernels.row_loads import (
+    columns_in_row,
     load_row_piece,
     load_rows,
     load_x_dy,
@@ -176,27 +177,45 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             stride_res_out_row, eps,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, BLOCK_N: tl.constexpr,
-                            OUT_BLOCK: tl.constexpr, ONE_ROW: tl.constexpr,
-                            MULTIPLE: tl.constexpr):
+                            OUT_BLOCK: tl.constexpr, ROW_BLOCKS: tl.constexpr,
+                            EVEN: tl.constexpr, MULTIPLE: tl.constexpr):
     # Programs walk over rows (one per SM on a GPU), or take one row each. Pass 1 loads
     # BLOCK_N columns at once, the whole row when it fits, and keeps nothing but the sum of
     # squares: the loads are all in flight together, which is what keeps HBM busy. Pass 2
     # reads the row again, mostly from L1 or L2, where pass 1 asked it to stay.
-    # ONE_ROW: a program has one row, of at most BLOCK_N columns. Pass 1 is then one block
-    # and pass 2's blocks are unrolled, so the compiler can issue their loads together
-    # (0.1 to 0.5 point of copy faster at most lengths; launch.ONE_ROW_LOOP says where).
+    # ROW_BLOCKS > 0 (ForwardPlan.one_row): a program has one row, in ROW_BLOCKS blocks of
+    # BLOCK_N columns. Both passes are then unrolled, so the compiler can issue their loads
+    # together, and pass 1 sums squares lane by lane, across threads once (0.1 to 0.5 point
+    # of copy faster at most lengths; launch.ONE_ROW_LOOP says where). EVEN: no masks.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
+    ONE_ROW: tl.constexpr = ROW_BLOCKS > 0
     first_row, end, step = rows_of_program(M, ONE_ROW)
     for r64 in range(first_row, end, step):
-        sum_sq = 0.0
-        for start in range(0, BLOCK_N if ONE_ROW else N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < N
+        if ONE_ROW:
+            cols = tl.arange(0, BLOCK_N)
             x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
                                 r64 * stride_res_row + cols, r64 * stride_res_out_row + cols,
-                                mask, HAS_RESIDUAL, READ_AGAIN=True)
-            sum_sq += tl.sum(x * x, axis=0)
+                                columns_in_row(cols, N, EVEN), HAS_RESIDUAL, READ_AGAIN=True)
+            squares = x * x
+            for start in tl.static_range(BLOCK_N, ROW_BLOCKS * BLOCK_N, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
+                                    r64 * stride_res_row + cols,
+                                    r64 * stride_res_out_row + cols,
+                                    columns_in_row(cols, N, EVEN), HAS_RESIDUAL,
+                                    READ_AGAIN=True)
+                squares += x * x
+            sum_sq = tl.sum(squares, axis=0)
+        else:
+            sum_sq = 0.0
+            for start in range(0, N, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
+                                    r64 * stride_res_row + cols,
+                                    r64 * stride_res_out_row + cols, cols < N,
+                                    HAS_RESIDUAL, READ_AGAIN=True)
+                sum_sq += tl.sum(x * x, axis=0)
         rstd = tl.rsqrt(sum_sq / N + eps)
         if STORE_RSTD:
             tl.store(rstd_ptr + r64, rstd)
@@ -207,9 +226,10 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
             src_ptr = x_ptr + r64 * stride_x_row
         y_row_ptr = y_ptr + r64 * stride_y_row
         if ONE_ROW:
-            for start in tl.static_range(0, BLOCK_N, OUT_BLOCK):
+            for start in tl.static_range(0, ROW_BLOCKS * BLOCK_N, OUT_BLOCK):
                 cols = start + tl.arange(0, OUT_BLOCK)
-                _normalise_again(src_ptr, w_ptr, y_row_ptr, cols, cols < N, rstd, HAS_WEIGHT)
+                _normalise_again(src_ptr, w_ptr, y_row_ptr, cols, columns_in_row(cols, N, EVEN),
+                                 rstd, HAS_WEIGHT)
         else:
             for start in range(0, N, OUT_BLOCK):
                 cols = start + tl.arange(0, OUT_BLOCK)
@@ -299,7 +319,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         else:
             rmsnorm_fwd_loop_kernel[grid](*args, M, N, *strides, eps, **flags,
                                           BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
-                                          ONE_ROW=plan.one_row_of(N), **plan.launch_options())
+                                          **plan.row_blocks(N), **plan.launch_options())
     shape = x.shape
     return (y.view(shape), res_out.view(shape) if res_out is not None else None,
             rstd.view(shape[:-1]) if rstd is not None else None)

@@ -41,6 +41,16 @@ def rows_of_program(M, ONE_ROW: tl.constexpr):
 
 
 @triton.jit
+def columns_in_row(cols, N, EVEN: tl.constexpr):
+    """cols < N; or, EVEN (the launch checked that N is a multiple of the block), a mask
+    the compiler sees is all true, so loads and stores carry none. LayerNorm at 8192 x
+    10240 in five unrolled blocks of 2048 measured 96.7 % of copy unmasked, 90.9 % masked."""
+    if EVEN:
+        return tl.full(cols.shape, 1, tl.int1)
+    return cols < N
+
+
+@triton.jit
 def weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
     """The weight's columns in float32, or ones (zeros past N) when there is no weight.
     Every program reads the same weights while the rows stream through L2, so L2 is asked
