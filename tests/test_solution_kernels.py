@@ -124,6 +124,23 @@ def test_layernorm_rows_kernel_loads_its_parameters_before_or_after_the_reductio
     _assert_close("rstd", rstd, want_rstd, torch.float32)
 
 
+def _check_forwards_on_plan(x, r, w, b, dtype, plan):
+    """RMSNorm (with rstd), fused add + RMSNorm and LayerNorm (with its statistics), all on
+    `plan`, against the float64 reference."""
+    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, plan)
+    _assert_close("y", y, reference.rmsnorm(x, w), dtype)
+    _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
+    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, plan)
+    want_y, want_res = reference.add_rmsnorm(x, r, w)
+    _assert_close("residual", res, want_res, dtype)
+    _assert_close("y", y, want_y, dtype)
+    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
+    _assert_close("y", y, reference.layernorm(x, w, b), dtype)
+    want_mean, want_rstd = reference.layernorm_stats(x)
+    _assert_close("mean", mean, want_mean, torch.float32)
+    _assert_close("rstd", rstd, want_rstd, torch.float32)
+
+
 @pytest.mark.parametrize("plan", [LOOP_FWD, WHOLE_ROW_LOOP_FWD, ROW_PER_PROGRAM_LOOP_FWD,
                                   ONE_ROW_LOOP_FWD, ONE_ROW_BLOCKS_FWD],
                          ids=["blocks", "whole-row", "a-program-per-row", "one-row",
@@ -132,18 +149,7 @@ def test_the_loop_paths_match_reference_on_long_rows(plan):
     x, r, w = _x((3, 5000), torch.float32, mean=20.0), _x((3, 5000), torch.float32), _w(
         5000, torch.float32)
     b = _x(5000, torch.float32, seed=4)
-    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, plan)
-    _assert_close("y", y, reference.rmsnorm(x, w), torch.float32)
-    _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
-    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, plan)
-    want_y, want_res = reference.add_rmsnorm(x, r, w)
-    _assert_close("y", y, want_y, torch.float32)
-    _assert_close("residual", res, want_res, torch.float32)
-    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
-    _assert_close("y", y, reference.layernorm(x, w, b), torch.float32)
-    want_mean, want_rstd = reference.layernorm_stats(x)
-    _assert_close("mean", mean, want_mean, torch.float32)
-    _assert_close("rstd", rstd, want_rstd, torch.float32)
+    _check_forwards_on_plan(x, r, w, b, torch.float32, plan)
 
 
 @pytest.mark.parametrize("path", ["rows", "loop", "reload", "each-step", "prefetch", "pieces"])
@@ -264,18 +270,7 @@ def test_one_row_plans_without_masks_match_reference(dtype):
     # Strided rows, and a large mean for LayerNorm's shift.
     x = _x((3, 5000), dtype, mean=30.0)[:, :4096]
     r, w, b = _x((3, 4096), dtype, seed=5), _w(4096, dtype), _x(4096, dtype, seed=4)
-    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, ONE_ROW_BLOCKS_FWD)
-    _assert_close("y", y, reference.rmsnorm(x, w), dtype)
-    _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
-    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, ONE_ROW_BLOCKS_FWD)
-    want_y, want_res = reference.add_rmsnorm(x, r, w)
-    _assert_close("y", y, want_y, dtype)
-    _assert_close("residual", res, want_res, dtype)
-    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, ONE_ROW_BLOCKS_FWD)
-    _assert_close("y", y, reference.layernorm(x, w, b), dtype)
-    want_mean, want_rstd = reference.layernorm_stats(x)
-    _assert_close("mean", mean, want_mean, torch.float32)
-    _assert_close("rstd", rstd, want_rstd, torch.float32)
+    _check_forwards_on_plan(x, r, w, b, dtype, ONE_ROW_BLOCKS_FWD)
 
 
 def test_stream_plans_are_for_the_rows_path_without_prefetch_only():
@@ -545,17 +540,7 @@ def test_gpu_split_path_with_odd_n(dtype, split, reload):
     block = 1 << (-(-n // split) - 1).bit_length()
     plan = ForwardPlan("split", 1, block, 8, split=next_power_of_2_split(n, block),
                        out_block=block // 4, reload=reload)
-    y, _, rstd = rmsnorm_forward(x, w, 1e-6, None, True, plan)
-    _assert_close("y", y, reference.rmsnorm(x, w), dtype)
-    _assert_close("rstd", rstd, reference.rmsnorm_rstd(x), torch.float32)
-    r = _x((67, n), dtype, seed=5)
-    y, res, _ = rmsnorm_forward(x, w, 1e-6, r, False, plan)
-    want_y, want_res = reference.add_rmsnorm(x, r, w)
-    _assert_close("residual", res, want_res, dtype)
-    _assert_close("y", y, want_y, dtype)
-    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
-    _assert_close("y", y, reference.layernorm(x, w, b), dtype)
-    _assert_close("mean", mean, reference.layernorm_stats(x)[0], torch.float32)
+    _check_forwards_on_plan(x, _x((67, n), dtype, seed=5), w, b, dtype, plan)
 
 
 @pytest.mark.gpu
