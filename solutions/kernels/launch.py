@@ -287,8 +287,8 @@ PARTIAL_BLOCK = {
     # registers to 16383, passes of 16384 columns beyond), each on its own inputs, % of copy
     # each call alone (docs/benchmarks.md): 9216 81.8 -> 95.6, 10240 85.6 -> 96.1, 11264
     # 90.1 -> 94.5, 12288 92.8 -> 96.6, 13312 95.0 -> 95.2, 15360 97.8 -> 98.4, 20480 81.9
-    # -> 92.9, 24576 89.9 -> 95.4, 28672 91.5 -> 96.3. A block holds by the row's length:
-    # (most columns, plan) in turn.
+    # -> 92.9, 24576 89.9 -> 95.4, 28672 91.5 -> 96.3. A block whose rule depends on the
+    # row's length holds (most columns, plan) pairs, taken in order.
     "layernorm": {2048: ForwardPlan("rows", 2, 2048, 4), 4096: ForwardPlan("rows", 2, 4096, 8),
                   8192: ForwardPlan("rows", 1, 8192, 8),
                   16384: ((11264, ForwardPlan("loop", 1, 2048, 8, out_block=2048, one_row=True)),
@@ -314,9 +314,11 @@ def partial_block_rule(op: str, N: int, element_size: int) -> ForwardPlan | None
     block_n = next_power_of_2(N)
     table = PARTIAL_BLOCK_FLOAT32 if element_size == 4 else PARTIAL_BLOCK
     rule = table.get(op, {}).get(block_n)
-    if N == block_n or not isinstance(rule, tuple):
-        return None if N == block_n else rule
-    return next(plan for most, plan in rule if N <= most)
+    if N == block_n:
+        return None
+    if isinstance(rule, tuple):  # by the row's length
+        return next(plan for most, plan in rule if N <= most)
+    return rule
 
 
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
