@@ -172,9 +172,15 @@ def _load_to_read_again(x_ptr, cols, mask):
 
 
 @triton.jit
+def _deviations(x, mask, shift):
+    """x - shift over a float32 block, 0 where masked off."""
+    return tl.where(mask, x - shift, 0.0)
+
+
+@triton.jit
 def _sums_about(x, mask, shift):
     """sum(x - shift) and sum((x - shift)^2) over a float32 block."""
-    d = tl.where(mask, x - shift, 0.0)
+    d = _deviations(x, mask, shift)
     return tl.sum(d, axis=0), tl.sum(d * d, axis=0)
 
 
@@ -259,12 +265,12 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         x = _load_to_read_again(x_row, first, in_row)
         shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
         if ROW_BLOCKS > 1:
-            d = tl.where(in_row, x - shift, 0.0)
+            d = _deviations(x, in_row, shift)
             lanes_d, lanes_d2 = d, d * d
             for start in tl.static_range(BLOCK_N, ROW_BLOCKS * BLOCK_N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 in_row = columns_in_row(cols, N, EVEN)
-                d = tl.where(in_row, _load_to_read_again(x_row, cols, in_row) - shift, 0.0)
+                d = _deviations(_load_to_read_again(x_row, cols, in_row), in_row, shift)
                 lanes_d += d
                 lanes_d2 += d * d
             sum_d, sum_d2 = tl.sum(lanes_d, axis=0), tl.sum(lanes_d2, axis=0)

@@ -71,6 +71,16 @@ def _load_row_block(x_ptr, res_ptr, res_out_ptr, offsets_x, offsets_res, offsets
 
 
 @triton.jit
+def _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, r64, cols, mask, stride_x_row,
+                             stride_res_row, stride_res_out_row, HAS_RESIDUAL: tl.constexpr):
+    """_load_row_block for columns `cols` of row r64, which pass 2 reads again (the loop
+    and split paths)."""
+    return _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
+                           r64 * stride_res_row + cols, r64 * stride_res_out_row + cols, mask,
+                           HAS_RESIDUAL, READ_AGAIN=True)
+
+
+@triton.jit
 def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.constexpr,
                   STREAM: tl.constexpr = False):
     x = x.to(tl.float32)
@@ -194,27 +204,24 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     for r64 in range(first_row, end, step):
         if ONE_ROW:
             cols = tl.arange(0, BLOCK_N)
-            x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
-                                r64 * stride_res_row + cols, r64 * stride_res_out_row + cols,
-                                columns_in_row(cols, N, EVEN), HAS_RESIDUAL, READ_AGAIN=True)
+            x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, r64, cols,
+                                         columns_in_row(cols, N, EVEN), stride_x_row,
+                                         stride_res_row, stride_res_out_row, HAS_RESIDUAL)
             squares = x * x
             for start in tl.static_range(BLOCK_N, ROW_BLOCKS * BLOCK_N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
-                x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
-                                    r64 * stride_res_row + cols,
-                                    r64 * stride_res_out_row + cols,
-                                    columns_in_row(cols, N, EVEN), HAS_RESIDUAL,
-                                    READ_AGAIN=True)
+                x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, r64, cols,
+                                             columns_in_row(cols, N, EVEN), stride_x_row,
+                                             stride_res_row, stride_res_out_row, HAS_RESIDUAL)
                 squares += x * x
             sum_sq = tl.sum(squares, axis=0)
         else:
             sum_sq = 0.0
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
-                x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
-                                    r64 * stride_res_row + cols,
-                                    r64 * stride_res_out_row + cols, cols < N,
-                                    HAS_RESIDUAL, READ_AGAIN=True)
+                x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, r64, cols, cols < N,
+                                             stride_x_row, stride_res_row, stride_res_out_row,
+                                             HAS_RESIDUAL)
                 sum_sq += tl.sum(x * x, axis=0)
         rstd = tl.rsqrt(sum_sq / N + eps)
         if STORE_RSTD:
@@ -255,9 +262,8 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
-    x = _load_row_block(x_ptr, res_ptr, res_out_ptr, row * stride_x_row + cols,
-                        row * stride_res_row + cols, row * stride_res_out_row + cols, mask,
-                        HAS_RESIDUAL, READ_AGAIN=True)
+    x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, row, cols, mask, stride_x_row,
+                                 stride_res_row, stride_res_out_row, HAS_RESIDUAL)
     publish(slots_ptr + row * SPLIT + part, tl.sum(x * x, axis=0), epoch)
     rstd = tl.rsqrt(tl.sum(wait_for_partials(slots_ptr + row * SPLIT, epoch, SPLIT), axis=0) / N
                     + eps)
