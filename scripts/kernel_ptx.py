@@ -53,6 +53,9 @@ CASES = [
     (rms.rmsnorm_fwd_rows_kernel, 2, dict(HAS_RESIDUAL=True, HAS_WEIGHT=True, STORE_RSTD=False,
                                           PREFETCH=False, BLOCK_M=8, BLOCK_N=256,
                                           STREAM=True)),
+    (rms.rmsnorm_fwd_rows_kernel, 8, dict(HAS_RESIDUAL=False, HAS_WEIGHT=True,
+                                          STORE_RSTD=False, PREFETCH=False, BLOCK_M=4,
+                                          BLOCK_N=512, STREAM=True, EVEN=True)),
     (rms.rmsnorm_fwd_loop_kernel, 16, dict(HAS_RESIDUAL=False, HAS_WEIGHT=True,
                                            STORE_RSTD=True, BLOCK_N=8192, OUT_BLOCK=8192,
                                            ROW_BLOCKS=0, EVEN=False)),
@@ -75,6 +78,9 @@ CASES = [
     (ln.layernorm_fwd_rows_kernel, 4, dict(HAS_WEIGHT=True, HAS_BIAS=True, STORE_STATS=False,
                                            PREFETCH=False, BLOCK_M=4, BLOCK_N=1024,
                                            STREAM=True)),
+    (ln.layernorm_fwd_rows_kernel, 2, dict(HAS_WEIGHT=True, HAS_BIAS=True, STORE_STATS=True,
+                                           PREFETCH=False, BLOCK_M=2, BLOCK_N=512,
+                                           EVEN=True)),
     (ln.layernorm_fwd_loop_kernel, 16, dict(HAS_WEIGHT=True, HAS_BIAS=True, STORE_STATS=True,
                                             BLOCK_N=8192, OUT_BLOCK=4096, ROW_BLOCKS=0,
                                             EVEN=False)),
@@ -131,6 +137,11 @@ def global_accesses(ptx: str) -> list[str]:
     return sorted(set(re.findall(r"(?:ld|st)\.global[.\w:]*", ptx)))
 
 
+def predicated_loads(ptx: str) -> int:
+    """How many global loads run under a predicate (`@%p1 ld.global...`): a mask's bound."""
+    return len(re.findall(r"@!?%p\d+\s+ld\.global", ptx))
+
+
 def compile_all(arch: int) -> list[dict]:
     results = []
     for kernel, warps, constexprs in CASES:
@@ -142,8 +153,10 @@ def compile_all(arch: int) -> list[dict]:
             source = ASTSource(kernel, signature=types, constexprs=consts, attrs=attrs)
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                                       options={"num_warps": warps})
+            ptx = compiled.asm["ptx"]
             results.append({"kernel": kernel.fn.__name__, "constexprs": constexprs,
-                            "way": way, "accesses": global_accesses(compiled.asm["ptx"])})
+                            "way": way, "accesses": global_accesses(ptx),
+                            "predicated_loads": predicated_loads(ptx)})
     return results
 
 

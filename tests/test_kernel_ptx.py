@@ -17,14 +17,20 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kernel_ptx.py"
 
 
 @pytest.fixture(scope="module")
-def compiled() -> dict[tuple, dict[str, list[str]]]:
-    """(kernel, constexprs) -> way -> global accesses, from one run of the script."""
+def results() -> list[dict]:
+    """One run of the script: a result per kernel launch and way."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--json"], capture_output=True,
                           text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def compiled(results) -> dict[tuple, dict[str, list[str]]]:
+    """(kernel, constexprs) -> way -> global accesses."""
     cases: dict[tuple, dict[str, list[str]]] = defaultdict(dict)
-    for r in json.loads(proc.stdout):
+    for r in results:
         cases[r["kernel"], json.dumps(r["constexprs"], sort_keys=True)][r["way"]] = r["accesses"]
     return cases
 
@@ -44,7 +50,7 @@ def test_without_the_statement_every_load_is_of_one_value(compiled):
     # rows of 4104 bf16 values two bytes a load, float32 partial sums four (launches with
     # EVEN, whose rows fill their blocks, are not compiled this way: kernel_ptx.WAYS)
     unstated = {case: ways for case, ways in compiled.items() if "unstated" in ways}
-    assert len(compiled) - len(unstated) == 2, sorted(set(compiled) - set(unstated))
+    assert len(compiled) - len(unstated) == 4, sorted(set(compiled) - set(unstated))
     for case, ways in unstated.items():
         loads = [a for a in ways["unstated"] if a.startswith("ld.")]
         assert loads and not any(".v2." in a or ".v4." in a for a in loads), case
@@ -68,3 +74,15 @@ def test_streamed_rows_load_evict_first_and_store_streaming(compiled):
         else:
             assert not any("evict_first" in a or ".cs." in a for a in accesses), accesses
     assert len(launched) == 4, launched
+
+
+def test_launches_whose_rows_fill_their_blocks_load_without_masks(results):
+    # EVEN (ForwardPlan.rows_even, ForwardPlan.row_blocks): not one predicated load, where
+    # a run-time bound puts every load of the same kernels under a predicate
+    forwards = [r for r in results if r["way"] == "aligned" and "_fwd_" in r["kernel"]]
+    even = [r for r in forwards if r["constexprs"].get("EVEN")]
+    assert {r["kernel"] for r in even} == {"rmsnorm_fwd_rows_kernel", "rmsnorm_fwd_loop_kernel",
+                                           "layernorm_fwd_rows_kernel",
+                                           "layernorm_fwd_loop_kernel"}
+    for r in forwards:
+        assert (r["predicated_loads"] == 0) == bool(r["constexprs"].get("EVEN")), r

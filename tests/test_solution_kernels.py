@@ -152,6 +152,22 @@ def test_the_loop_paths_match_reference_on_long_rows(plan):
     _check_forwards_on_plan(x, r, w, b, torch.float32, plan)
 
 
+@pytest.mark.parametrize("plan", [ForwardPlan("rows", 4, 64, 2),
+                                  ForwardPlan("rows", 4, 64, 2, stream=True),
+                                  ForwardPlan("rows", 4, 64, 2, programs=2, prefetch=True)],
+                         ids=["rows", "streamed", "prefetch"])
+def test_rows_paths_without_masks_where_rows_fill_the_tiles(plan):
+    # EVEN: rows as long as the block, and whole tiles of them, so the kernels drop their
+    # masks; a part tile or rows short of the block keep them
+    assert plan.rows_even(12, 64) == {"EVEN": True}
+    assert plan.rows_even(13, 64) == {"EVEN": False}
+    assert plan.rows_even(12, 60) == {"EVEN": False}
+    x, r, w = _x((12, 64), torch.float32, mean=20.0), _x((12, 64), torch.float32), _w(
+        64, torch.float32)
+    b = _x(64, torch.float32, seed=4)
+    _check_forwards_on_plan(x, r, w, b, torch.float32, plan)
+
+
 @pytest.mark.parametrize("path", ["rows", "loop", "reload", "each-step", "prefetch", "pieces"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rmsnorm_backward_matches_reference(dtype, path):
@@ -306,7 +322,7 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
                 assert plan.path == "loop" and plan.second_block <= plan.block_n, where
                 if not plan.programs and plan != partial:  # a program per row: where measured
                     rules = ONE_ROW_LOOP if element_size == 2 else ONE_ROW_LOOP_FLOAT32
-                    assert (op, plan.block_n) in rules and plan.block_n >= n, where
+                    assert plan in rules.values() and plan.block_n >= n, where
             # values a thread loads at once: beyond 64 float32 they would spill
             assert plan.block_m * plan.block_n <= 64 * 32 * plan.num_warps, where
         for n in lengths[: lengths.index(65537)]:

@@ -117,6 +117,12 @@ class ForwardPlan(_LaunchOptions):
     def second_block(self) -> int:
         return self.out_block or self.block_n
 
+    def rows_even(self, M: int, N: int) -> dict:
+        """The rows kernels' EVEN for M rows of N columns: the rows fill the block and the
+        tiles hold M exactly, so the kernel needs no masks (a run-time bound costs more than
+        it looks: row_loads.columns_in_row)."""
+        return {"EVEN": N == self.block_n and M % self.block_m == 0}
+
     def row_blocks(self, N: int) -> dict:
         """The loop kernels' ROW_BLOCKS and EVEN for rows of N columns. A one_row plan holds
         a row in ROW_BLOCKS = cdiv(N, block_n) blocks, unrolled (at most MAX_ROW_BLOCKS);
@@ -202,14 +208,17 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
 # (73 % of copy, level with torch.compile, against 71 % for 4 rows on one warp, the winner
 # while the timer let each call reuse the last call's output memory). LayerNorm's rows of
 # 256: a row per warp, 16 to a program (71.7 and 72.0 % in two trials, against 70.6 and
-# 70.4 % for the persistent programs below); of 512: 2 rows on 2 warps (84.0 and 84.0 %,
-# against 83.7 and 83.6 % on one warp). 16-bit rows in STREAMED_ROWS below take its plans
-# instead; float32 rows keep these.
+# 70.4 % for the persistent programs below); of 512: a row a program on one warp (84.2 and
+# 84.3 % each call alone, 90.3 and 90.8 back to back, against 83.7 and 84.3, 90.2 and 90.1
+# for 2 rows on 2 warps, two trials of six rounds). RMSNorm's rows of 512: 4 rows on 8
+# warps, plain (median of six rounds each call alone 84.4 and 84.8 %, against 83.2 and
+# 83.6 streamed; back to back level, 91.6 and 91.6 against 91.5 and 91.6). 16-bit rows in
+# STREAMED_ROWS below take its plans instead; float32 rows keep these.
 _LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
 ROWS_PATH = {
-    "rmsnorm": {256: (32, 32), 512: (4, 2), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
+    "rmsnorm": {256: (32, 32), 512: (4, 8), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
     "add_rmsnorm": {256: (4, 1), 512: (4, 1), 1024: (2, 4), 2048: (2, 8)} | _LONG_ROWS,
-    "layernorm": {256: (16, 16), 512: (2, 2), 1024: (1, 4), 2048: (2, 8)} | _LONG_ROWS,
+    "layernorm": {256: (16, 16), 512: (1, 1), 1024: (1, 4), 2048: (2, 8)} | _LONG_ROWS,
 }
 # 16-bit rows loaded evict-first and stored streaming (`.cs`), the weight (and bias) loaded
 # after the sum (ForwardPlan.stream), over ROWS_PATH (LayerNorm's rows of 8192 left the loop
@@ -221,9 +230,11 @@ ROWS_PATH = {
 # 85.7 and 91.1 -> 91.8; alone 72.4 -> 71.7 and 84.7 -> 83.8, inside the spread of the runs
 # that chose them). Elsewhere the hints cost up to 1.6 points. Sweeps whose candidates
 # shared their inputs had shown gains nearly everywhere (tune_kernels.py says why it no
-# longer shares them).
+# longer shares them). Later, in two trials of six rounds: RMSNorm at 256 on 16 rows and 8
+# warps (71.4 and 73.0 % each call alone, 86.1 and 86.2 back to back, against 71.0 and 72.9,
+# 85.6 and 85.9 for 8 rows); at 512 streaming lost each call alone (ROWS_PATH above).
 STREAMED_ROWS = {
-    "rmsnorm": {256: (8, 8), 512: (4, 8)},
+    "rmsnorm": {256: (16, 8)},
     "add_rmsnorm": {256: (8, 2), 512: (2, 4), 1024: (1, 8), 2048: (1, 8), 4096: (1, 16),
                     8192: (1, 32)},
     "layernorm": {8192: (1, 16)},
@@ -233,10 +244,10 @@ STREAMED_ROWS = {
 # next while computing this one.
 PERSISTENT_PER_SM = 8
 # 16-bit rows that fit registers, but measured faster on the loop path with one program
-# per row: (op, BLOCK_N) -> (warps, pass 2's block, registers a thread, one_row). A program
-# loads the whole row at once and reads it again; held to 32 or 40 registers, two share
-# an SM, so that one's reduction overlaps the other's loads (100 % of copy at 16384 and
-# 32768 for RMSNorm, against 98 and 93 % with the row kept in registers).
+# per row: (op, BLOCK_N) -> plan. A program loads the whole row at once and reads it again;
+# held to 32 or 40 registers, two share an SM, so that one's reduction overlaps the other's
+# loads (100 % of copy at 16384 and 32768 for RMSNorm, against 98 and 93 % with the row
+# kept in registers).
 # RMSNorm's rows of 65536 too: one program per row, alone on its SM, loading the whole
 # row at once, measured 98.8 % against 92.5 % for one program per SM walking over rows (the
 # loop between rows is what cost); the register cap must be given (85.7 % without it).
@@ -249,17 +260,27 @@ PERSISTENT_PER_SM = 8
 # trial, 0.0 to 0.5 faster, but for the fused add at 32768 back to back once (100.1 -> 99.8).
 # RMSNorm at 8192 measured slower without loops (100.3 -> 99.9 / 100.7 -> 100.4; likely
 # because the compiler then gives it 32 registers, not 40, and four programs share an SM).
-ONE_ROW_LOOP = {("rmsnorm", 8192): (16, 8192, 40, False),
-                ("rmsnorm", 16384): (32, 8192, 40, True),
-                ("rmsnorm", 32768): (32, 32768, 0, True),
-                ("rmsnorm", 65536): (32, 16384, 64, True),
-                ("add_rmsnorm", 16384): (32, 8192, 40, True),
-                ("add_rmsnorm", 32768): (32, 32768, 0, True),
-                ("layernorm", 16384): (16, 8192, 0, True)}
+ONE_ROW_LOOP = {
+    ("rmsnorm", 8192): ForwardPlan("loop", 1, 8192, 16, out_block=8192, max_registers=40),
+    ("rmsnorm", 16384): ForwardPlan("loop", 1, 16384, 32, out_block=8192, max_registers=40,
+                                    one_row=True),
+    ("rmsnorm", 32768): ForwardPlan("loop", 1, 32768, 32, out_block=32768, one_row=True),
+    ("rmsnorm", 65536): ForwardPlan("loop", 1, 65536, 32, out_block=16384, max_registers=64,
+                                    one_row=True),
+    ("add_rmsnorm", 16384): ForwardPlan("loop", 1, 16384, 32, out_block=8192, max_registers=40,
+                                        one_row=True),
+    ("add_rmsnorm", 32768): ForwardPlan("loop", 1, 32768, 32, out_block=32768, one_row=True),
+    ("layernorm", 16384): ForwardPlan("loop", 1, 16384, 16, out_block=8192, one_row=True),
+    # LayerNorm's rows of 32768 in four unrolled blocks of 8192, unmasked (EVEN): 97.9 % of
+    # copy each call alone, 98.4 back to back, against 96.2 and 96.6 for the row in 32 warps'
+    # registers (torch.compile 93.1 and 93.9; three rounds, docs/benchmarks.md)
+    ("layernorm", 32768): ForwardPlan("loop", 1, 8192, 32, out_block=8192, one_row=True),
+}
 # RMSNorm's float32 rows of 32768 too, the whole row (128 KB) loaded at once by 32 warps:
 # 100.8 and 100.9 % against 95.5 and 95.4 % for one program per SM walking over rows
 # (torch.compile 100.3 and 100.2 %, launching the same shape of program).
-ONE_ROW_LOOP_FLOAT32 = {("rmsnorm", 32768): (32, 32768, 0, True)}
+ONE_ROW_LOOP_FLOAT32 = {
+    ("rmsnorm", 32768): ForwardPlan("loop", 1, 32768, 32, out_block=32768, one_row=True)}
 # Float32 rows where the 16-bit rule measured slower (`tune_kernels.py --dtype float32`,
 # then two trials on own inputs), over ROWS_PATH's 16-bit rules. Fused add at
 # 512: 97.0 % against 93.9 % on the 16-bit rule's single warp; RMSNorm at 512: 94.3 and
@@ -340,9 +361,7 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
         return replace(partial, block_m=min(partial.block_m, next_power_of_2(M)))
     one_row_loop = ONE_ROW_LOOP_FLOAT32 if float32 else ONE_ROW_LOOP
     if (op, block_n) in one_row_loop:
-        warps, out_block, registers, one_row = one_row_loop[op, block_n]
-        return ForwardPlan("loop", 1, block_n, warps, out_block=out_block,
-                           max_registers=registers, one_row=one_row)
+        return one_row_loop[op, block_n]
     rows_path = (_ROWS_PATH_WITH_FLOAT32 if float32 else ROWS_PATH)[op]
     if block_n <= 256 and block_n not in rows_path:
         block_m = max(1, min(16, 2048 // block_n, next_power_of_2(M)))

@@ -40,6 +40,7 @@ from solutions.kernels.row_loads import (
     load_row_piece,
     load_rows,
     load_x_dy,
+    rows_in_tile,
     rows_of_program,
     stated_multiples,
     store_rows,
@@ -80,13 +81,13 @@ def _normalise_tile(x, mask, N, eps):
 
 @triton.jit
 def _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr, mean_ptr,
-                          rstd_ptr, M, stride_y_row, STORE_STATS: tl.constexpr,
+                          rstd_ptr, row_mask, stride_y_row, STORE_STATS: tl.constexpr,
                           STREAM: tl.constexpr = False):
     """Apply w and b (float32) to a normalised tile of whole rows and store it (and the
     statistics); STREAM: y streamed out."""
     if STORE_STATS:
-        tl.store(mean_ptr + rows, mean, mask=rows < M)
-        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+        tl.store(mean_ptr + rows, mean, mask=row_mask)
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     y = x_hat * w[None, :] + b[None, :]
     store_rows(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask,
                STREAM)
@@ -102,19 +103,21 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                               STORE_STATS: tl.constexpr, PREFETCH: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr,
-                              STREAM: tl.constexpr = False):
+                              STREAM: tl.constexpr = False, EVEN: tl.constexpr = False):
     # As rmsnorm_fwd_rows_kernel: without PREFETCH program p normalises row tile p in
     # straight-line code; with it, P programs take tiles p, p + P, ... and load the next
     # tile before normalising this one. STREAM (one tile a program only), as there: x
-    # loaded evict-first, y streamed out, w and b loaded after the reduction.
+    # loaded evict-first, y streamed out, w and b loaded after the reduction. EVEN, as
+    # there: no masks.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
+    col_mask = columns_in_row(cols, N, EVEN)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]
-    mask = (rows < M)[:, None] & col_mask[None, :]
+    row_mask = rows_in_tile(rows, M, EVEN)
+    mask = row_mask[:, None] & col_mask[None, :]
     # Short rows load w and b first, kept in L2, so their loads fly beside x's (32768 x
     # 512: 83.7 and 84.0 % of copy in two runs, against 82.7 and 82.6 % loading them after
     # the reduction without evict_last). Long rows load them after the reduction: held
@@ -130,14 +133,15 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
             w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
         _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr,
-                              mean_ptr, rstd_ptr, M, stride_y_row, STORE_STATS, STREAM)
+                              mean_ptr, rstd_ptr, row_mask, stride_y_row, STORE_STATS, STREAM)
     else:
         n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
         for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
             rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
             r64 = rows.to(tl.int64)[:, None]
-            mask = (rows < M)[:, None] & col_mask[None, :]
+            row_mask = rows_in_tile(rows, M, EVEN)
+            mask = row_mask[:, None] & col_mask[None, :]
             x = x_next.to(tl.float32)
             ahead = (tile + n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
             x_next = tl.load(x_ptr + ahead.to(tl.int64)[:, None] * stride_x_row
@@ -150,7 +154,7 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
             w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
             b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
             _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr,
-                                  mean_ptr, rstd_ptr, M, stride_y_row, STORE_STATS)
+                                  mean_ptr, rstd_ptr, row_mask, stride_y_row, STORE_STATS)
 
 
 # The split path's shift: the mean of a row's first HEAD values (see the module docstring).
@@ -326,7 +330,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             layernorm_fwd_rows_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
                                             **flags, PREFETCH=plan.prefetch,
                                             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-                                            STREAM=plan.stream, **plan.launch_options())
+                                            STREAM=plan.stream, **plan.rows_even(M, N),
+                                            **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             slots, epoch = exchange_slots(2 * M * plan.split, x.device)

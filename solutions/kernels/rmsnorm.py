@@ -34,6 +34,7 @@ from solutions.kernels.row_loads import (
     load_row_piece,
     load_rows,
     load_x_dy,
+    rows_in_tile,
     rows_of_program,
     stated_multiples,
     store_rows,
@@ -94,14 +95,14 @@ def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.con
 
 
 @triton.jit
-def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N, stride_y_row,
-                           eps, HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr,
-                           w_ptr, col_mask, STREAM: tl.constexpr):
+def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
+                           stride_y_row, eps, HAS_WEIGHT: tl.constexpr,
+                           STORE_RSTD: tl.constexpr, w_ptr, col_mask, STREAM: tl.constexpr):
     """Normalise a float32 tile of whole rows and store it (and rstd). With STREAM, the
     weight is loaded here, after the sum (`w` is unused), and y is streamed out."""
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     if STORE_RSTD:
-        tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     y = x * rstd[:, None]
     if STREAM:
         w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
@@ -118,28 +119,30 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, PREFETCH: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr,
-                            STREAM: tl.constexpr = False):
+                            STREAM: tl.constexpr = False, EVEN: tl.constexpr = False):
     # Without PREFETCH, program p handles row tile p, in straight-line code: a loop around
     # it, even of one turn, measured 1 to 4 points slower on short rows. With PREFETCH,
     # P programs walk over tiles p, p + P, ... and issue the next tile's loads before this
     # tile's arithmetic, so that few programs still keep memory requests in flight.
     # STREAM (one tile a program only): the rows are read and written with evict-first
     # hints, and the weight is loaded after the sum (ForwardPlan.stream says where).
+    # EVEN (ForwardPlan.rows_even): the rows fill the block and M the tiles, so no masks.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
+    col_mask = columns_in_row(cols, N, EVEN)
     w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT and not STREAM)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
-    mask = (rows < M)[:, None] & col_mask[None, :]
+    row_mask = rows_in_tile(rows, M, EVEN)
+    mask = row_mask[:, None] & col_mask[None, :]
     if not PREFETCH:
         x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols[None, :],
                             r64 * stride_res_row + cols[None, :],
                             r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL,
                             STREAM=STREAM)
-        _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N,
+        _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
                                stride_y_row, eps, HAS_WEIGHT, STORE_RSTD, w_ptr, col_mask,
                                STREAM)
     else:
@@ -152,7 +155,8 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
         for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
             rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
             r64 = rows.to(tl.int64)[:, None]
-            mask = (rows < M)[:, None] & col_mask[None, :]
+            row_mask = rows_in_tile(rows, M, EVEN)
+            mask = row_mask[:, None] & col_mask[None, :]
             x_raw = x_next
             res_raw = res_next
             ahead = (tile + n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -165,7 +169,7 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                                    mask=ahead_mask, other=0.0)
             x = _add_residual(x_raw, res_raw, res_out_ptr,
                               r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
-            _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, M, N,
+            _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
                                    stride_y_row, eps, HAS_WEIGHT, STORE_RSTD, w_ptr,
                                    col_mask, False)
 
@@ -314,7 +318,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
                                           PREFETCH=plan.prefetch, BLOCK_M=plan.block_m,
                                           BLOCK_N=plan.block_n, STREAM=plan.stream,
-                                          **plan.launch_options())
+                                          **plan.rows_even(M, N), **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
             slots, epoch = exchange_slots(M * plan.split, x.device)

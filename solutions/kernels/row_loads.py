@@ -51,6 +51,15 @@ def columns_in_row(cols, N, EVEN: tl.constexpr):
 
 
 @triton.jit
+def rows_in_tile(rows, M, EVEN: tl.constexpr):
+    """rows < M; or, EVEN (the launch checked that M is a multiple of the tile's rows), a
+    mask the compiler sees is all true (see columns_in_row)."""
+    if EVEN:
+        return tl.full(rows.shape, 1, tl.int1)
+    return rows < M
+
+
+@triton.jit
 def weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
     """The weight's columns in float32, or ones (zeros past N) when there is no weight.
     Every program reads the same weights while the rows stream through L2, so L2 is asked
