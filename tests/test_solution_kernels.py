@@ -162,6 +162,7 @@ def test_rows_paths_without_masks_where_rows_fill_the_tiles(plan):
     assert plan.rows_even(12, 64) == {"EVEN": True}
     assert plan.rows_even(13, 64) == {"EVEN": False}
     assert plan.rows_even(12, 60) == {"EVEN": False}
+    assert replace(plan, keep_masks=True).rows_even(12, 64) == {"EVEN": False}
     x, r, w = _x((12, 64), torch.float32, mean=20.0), _x((12, 64), torch.float32), _w(
         64, torch.float32)
     b = _x(64, torch.float32, seed=4)
@@ -261,6 +262,19 @@ def test_rows_path_streamed_loads_the_weight_after_the_sum_and_matches(dtype, we
     want_mean, want_rstd = reference.layernorm_stats(x + 30)
     _assert_close("mean", mean, want_mean, torch.float32)
     _assert_close("rstd", rstd, want_rstd, torch.float32)
+
+
+def test_float32_short_layernorm_rows_keep_their_masks():
+    # MASKED_ROWS_FLOAT32: measured faster masked; 16-bit rows and longer rows drop them
+    gpu = torch.device("cuda")
+    for n, keep in ((256, True), (512, True), (1024, False)):
+        plan = forward_plan(32768, n, gpu, element_size=4, layernorm=True)
+        assert plan.keep_masks == keep and plan.rows_even(32768, n) == {"EVEN": not keep}
+    for element_size in (2, 4):
+        assert not forward_plan(32768, 512, gpu, element_size=element_size).keep_masks
+    assert not forward_plan(32768, 512, gpu, element_size=2, layernorm=True).keep_masks
+    with pytest.raises(ValueError, match="keep_masks=True is for the rows path"):
+        ForwardPlan("loop", 1, 8192, 8, keep_masks=True)
 
 
 def test_one_row_plans_are_for_a_program_per_row_of_a_few_blocks():

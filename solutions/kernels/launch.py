@@ -97,10 +97,14 @@ class ForwardPlan(_LaunchOptions):
                           # evict-first hints, the weight (and bias) loaded after the sum
     one_row: bool = False  # loop path, a program per row: no loops, the row's blocks of
                            # block_n columns unrolled (ForwardPlan.row_blocks)
+    keep_masks: bool = False  # rows path: masked loads and stores even where the rows fill
+                              # the tiles (ForwardPlan.rows_even)
 
     def __post_init__(self):
         if self.stream and (self.path != "rows" or self.prefetch):
             raise ValueError(f"stream=True is for the rows path without prefetch: {self}")
+        if self.keep_masks and self.path != "rows":
+            raise ValueError(f"keep_masks=True is for the rows path: {self}")
         if self.one_row and (self.path != "loop" or self.programs):
             raise ValueError(f"one_row=True is for the loop path with a program per row: "
                              f"{self}")
@@ -121,7 +125,7 @@ class ForwardPlan(_LaunchOptions):
         """The rows kernels' EVEN for M rows of N columns: the rows fill the block and the
         tiles hold M exactly, so the kernel needs no masks (a run-time bound costs more than
         it looks: row_loads.columns_in_row)."""
-        return {"EVEN": N == self.block_n and M % self.block_m == 0}
+        return {"EVEN": not self.keep_masks and N == self.block_n and M % self.block_m == 0}
 
     def row_blocks(self, N: int) -> dict:
         """The loop kernels' ROW_BLOCKS and EVEN for rows of N columns. A one_row plan holds
@@ -288,6 +292,12 @@ ONE_ROW_LOOP_FLOAT32 = {
 # 100.0 and 100.1 against 99.2 and 99.5.
 ROWS_PATH_FLOAT32 = {"rmsnorm": {512: (2, 8)}, "add_rmsnorm": {512: (4, 16)},
                      "layernorm": {512: (2, 1), 4096: (1, 16)}}
+# Float32 rows that measured slower without masks (ForwardPlan.keep_masks), by op: BLOCK_N.
+# LayerNorm at 32768 x 512, % of copy each call alone / back to back, two trials of three
+# rounds: masked 93.0 and 93.3 / 95.7 and 95.8, unmasked 91.6 and 91.9 / 94.2 and 94.1; at
+# 256 masked 84.5 and 84.4 / 90.4 and 90.1, unmasked 83.3 and 84.2 / 90.1 and 90.1. From
+# 1024 columns on, and for RMSNorm and the fused add, within 0.4 of each other.
+MASKED_ROWS_FLOAT32 = {"layernorm": (256, 512)}
 _ROWS_PATH_WITH_FLOAT32 = {op: rules | ROWS_PATH_FLOAT32.get(op, {})
                            for op, rules in ROWS_PATH.items()}
 # 16-bit rows shorter than their block (N not a power of two), by block: the rules above
@@ -370,8 +380,9 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
     if block_n <= register_limit:
         stream = not float32 and block_n in STREAMED_ROWS.get(op, {})
         block_m, warps = (STREAMED_ROWS[op] if stream else rows_path)[block_n]
+        keep_masks = float32 and block_n in MASKED_ROWS_FLOAT32.get(op, ())
         return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps,
-                           stream=stream)
+                           stream=stream, keep_masks=keep_masks)
     on_gpu = device.type == "cuda"
     if residual:
         if on_gpu:
