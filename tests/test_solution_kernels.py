@@ -154,8 +154,9 @@ def test_the_loop_paths_match_reference_on_long_rows(plan):
 
 @pytest.mark.parametrize("plan", [ForwardPlan("rows", 4, 64, 2),
                                   ForwardPlan("rows", 4, 64, 2, stream=True),
+                                  ForwardPlan("rows", 4, 64, 2, weight_after=True),
                                   ForwardPlan("rows", 4, 64, 2, programs=2, prefetch=True)],
-                         ids=["rows", "streamed", "prefetch"])
+                         ids=["rows", "streamed", "weight-after", "prefetch"])
 def test_rows_paths_without_masks_where_rows_fill_the_tiles(plan):
     # EVEN: rows as long as the block, and whole tiles of them, so the kernels drop their
     # masks; a part tile or rows short of the block keep them
@@ -273,6 +274,8 @@ def test_float32_short_layernorm_rows_keep_their_masks():
     for element_size in (2, 4):
         assert not forward_plan(32768, 512, gpu, element_size=element_size).keep_masks
     assert not forward_plan(32768, 512, gpu, element_size=2, layernorm=True).keep_masks
+    with pytest.raises(ValueError, match="weight_after=True is for the rows path without"):
+        ForwardPlan("rows", 4, 64, 2, programs=2, prefetch=True, weight_after=True)
     with pytest.raises(ValueError, match="keep_masks=True is for the rows path"):
         ForwardPlan("loop", 1, 8192, 8, keep_masks=True)
 

@@ -99,10 +99,14 @@ class ForwardPlan(_LaunchOptions):
                            # block_n columns unrolled (ForwardPlan.row_blocks)
     keep_masks: bool = False  # rows path: masked loads and stores even where the rows fill
                               # the tiles (ForwardPlan.rows_even)
+    weight_after: bool = False  # rows path, one tile a program: the weight (and bias) loaded
+                                # after the sum, the rows with plain accesses (stream: hints)
 
     def __post_init__(self):
         if self.stream and (self.path != "rows" or self.prefetch):
             raise ValueError(f"stream=True is for the rows path without prefetch: {self}")
+        if self.weight_after and (self.path != "rows" or self.prefetch):
+            raise ValueError(f"weight_after=True is for the rows path without prefetch: {self}")
         if self.keep_masks and self.path != "rows":
             raise ValueError(f"keep_masks=True is for the rows path: {self}")
         if self.one_row and (self.path != "loop" or self.programs):
@@ -236,13 +240,22 @@ ROWS_PATH = {
 # shared their inputs had shown gains nearly everywhere (tune_kernels.py says why it no
 # longer shares them). Later, in two trials of six rounds: RMSNorm at 256 on 16 rows and 8
 # warps (71.4 and 73.0 % each call alone, 86.1 and 86.2 back to back, against 71.0 and 72.9,
-# 85.6 and 85.9 for 8 rows); at 512 streaming lost each call alone (ROWS_PATH above).
+# 85.6 and 85.9 for 8 rows); at 512 streaming lost each call alone (ROWS_PATH above). Then
+# RMSNorm moved to WEIGHT_AFTER_ROWS below.
 STREAMED_ROWS = {
-    "rmsnorm": {256: (16, 8)},
     "add_rmsnorm": {256: (8, 2), 512: (2, 4), 1024: (1, 8), 2048: (1, 8), 4096: (1, 16),
                     8192: (1, 32)},
     "layernorm": {8192: (1, 16)},
 }
+# 16-bit rows whose weight is loaded after the sum, with plain loads and stores of the rows
+# (ForwardPlan.weight_after), over ROWS_PATH and STREAMED_ROWS. A stripped RMSNorm kernel at
+# 32768 x 256 lost 1.5 to 2 points of copy loading its weight first (as ROWS_PATH's plans
+# do); the evict-first hints of STREAMED_ROWS gained back to back but not each call alone.
+# Two trials of six rounds (docs/benchmarks.md), each call alone / back to back: RMSNorm at
+# 256, 8 rows on 8 warps, 71.9 and 73.5 / 85.5 and 85.7 % of copy, against 71.4 and 71.9 /
+# 85.9 and 86.0 streamed (16 rows) and torch.compile's 71.8 and 73.0 / 85.1 and 85.3; at 512,
+# 84.9 and 85.2 / 92.3 and 91.9 against 84.4 and 84.9 / 91.9 and 91.9 for the plan plain.
+WEIGHT_AFTER_ROWS = {"rmsnorm": {256: (8, 8), 512: (4, 8)}}
 # Shorter rows than the table holds: a tile is too small to hide latency on its own, so
 # fewer, persistent programs (PERSISTENT_PER_SM per SM) walk over the tiles, loading the
 # next while computing this one.
@@ -379,10 +392,13 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
         return ForwardPlan("rows", block_m, block_n, 4, programs=programs, prefetch=True)
     if block_n <= register_limit:
         stream = not float32 and block_n in STREAMED_ROWS.get(op, {})
-        block_m, warps = (STREAMED_ROWS[op] if stream else rows_path)[block_n]
+        weight_after = not float32 and block_n in WEIGHT_AFTER_ROWS.get(op, {})
+        rules = (STREAMED_ROWS[op] if stream else WEIGHT_AFTER_ROWS[op] if weight_after
+                 else rows_path)
+        block_m, warps = rules[block_n]
         keep_masks = float32 and block_n in MASKED_ROWS_FLOAT32.get(op, ())
         return ForwardPlan("rows", min(block_m, next_power_of_2(M)), block_n, warps,
-                           stream=stream, keep_masks=keep_masks)
+                           stream=stream, weight_after=weight_after, keep_masks=keep_masks)
     on_gpu = device.type == "cuda"
     if residual:
         if on_gpu:

@@ -97,14 +97,15 @@ def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.con
 @triton.jit
 def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
                            stride_y_row, eps, HAS_WEIGHT: tl.constexpr,
-                           STORE_RSTD: tl.constexpr, w_ptr, col_mask, STREAM: tl.constexpr):
-    """Normalise a float32 tile of whole rows and store it (and rstd). With STREAM, the
-    weight is loaded here, after the sum (`w` is unused), and y is streamed out."""
+                           STORE_RSTD: tl.constexpr, w_ptr, col_mask, STREAM: tl.constexpr,
+                           WEIGHT_HERE: tl.constexpr):
+    """Normalise a float32 tile of whole rows and store it (and rstd). WEIGHT_HERE: the
+    weight is loaded here, after the sum (`w` is unused). STREAM: y is streamed out."""
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     if STORE_RSTD:
         tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     y = x * rstd[:, None]
-    if STREAM:
+    if WEIGHT_HERE:
         w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
     if HAS_WEIGHT:
         y = y * w[None, :]
@@ -119,20 +120,23 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                             STORE_RSTD: tl.constexpr, PREFETCH: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr,
-                            STREAM: tl.constexpr = False, EVEN: tl.constexpr = False):
+                            STREAM: tl.constexpr = False, EVEN: tl.constexpr = False,
+                            WEIGHT_AFTER: tl.constexpr = False):
     # Without PREFETCH, program p handles row tile p, in straight-line code: a loop around
     # it, even of one turn, measured 1 to 4 points slower on short rows. With PREFETCH,
     # P programs walk over tiles p, p + P, ... and issue the next tile's loads before this
     # tile's arithmetic, so that few programs still keep memory requests in flight.
     # STREAM (one tile a program only): the rows are read and written with evict-first
     # hints, and the weight is loaded after the sum (ForwardPlan.stream says where).
+    # WEIGHT_AFTER (ForwardPlan.weight_after): the weight after the sum, plain rows.
     # EVEN (ForwardPlan.rows_even): the rows fill the block and M the tiles, so no masks.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = columns_in_row(cols, N, EVEN)
-    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT and not STREAM)
+    weight_here: tl.constexpr = (STREAM or WEIGHT_AFTER) and not PREFETCH
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT and not weight_here)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
     row_mask = rows_in_tile(rows, M, EVEN)
@@ -144,7 +148,7 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                             STREAM=STREAM)
         _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
                                stride_y_row, eps, HAS_WEIGHT, STORE_RSTD, w_ptr, col_mask,
-                               STREAM)
+                               STREAM, weight_here)
     else:
         n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
@@ -171,7 +175,7 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                               r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
             _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
                                    stride_y_row, eps, HAS_WEIGHT, STORE_RSTD, w_ptr,
-                                   col_mask, False)
+                                   col_mask, False, False)
 
 
 @triton.jit
@@ -318,6 +322,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
                                           PREFETCH=plan.prefetch, BLOCK_M=plan.block_m,
                                           BLOCK_N=plan.block_n, STREAM=plan.stream,
+                                          WEIGHT_AFTER=plan.weight_after,
                                           **plan.rows_even(M, N), **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
