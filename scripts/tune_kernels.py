@@ -36,8 +36,8 @@ REGISTERS_PER_SM = 65536  # an H100's register file, in 32-bit registers (the de
 
 
 def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
-    """Every rows plan of one tile a program comes twice: plain and streamed
-    (ForwardPlan.stream)."""
+    """Every rows plan of one tile a program comes three times: plain, streamed
+    (ForwardPlan.stream) and with the weight after the sum (ForwardPlan.weight_after)."""
     block_n = 1 << (N - 1).bit_length()
     out = []
     if block_n <= 32768:
@@ -47,8 +47,9 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                 continue
             for warps in (1, 2, 4, 8, 16, 32):
                 if 4 <= elems / (32 * warps) <= 64:
-                    out += [ForwardPlan("rows", block_m, block_n, warps, stream=stream)
-                            for stream in (False, True)]
+                    out += [ForwardPlan("rows", block_m, block_n, warps, stream=stream,
+                                        weight_after=after)
+                            for stream, after in ((False, False), (True, False), (False, True))]
                     if block_n <= 2048 and elems <= 4096:  # persistent, prefetching
                         for k in (2, 4, 8):
                             out.append(ForwardPlan("rows", block_m, block_n, warps,

@@ -40,13 +40,15 @@ def test_split_candidates_cover_the_row():
 
 
 @pytest.mark.parametrize("n", [256, 4096, 16384])
-def test_every_rows_plan_of_a_tile_a_program_is_offered_plain_and_streamed(n):
+def test_every_rows_plan_of_a_tile_a_program_is_offered_plain_streamed_and_weight_after(n):
     plans = tune_kernels.forward_candidates(n, SMS)
-    streamed = [p for p in plans if p.stream]
     one_tile = [p for p in plans if p.path == "rows" and not p.prefetch]
-    assert streamed and all(p.path == "rows" and not p.prefetch for p in streamed)
-    assert sorted(map(repr, streamed)) == sorted(
-        repr(replace(p, stream=True)) for p in one_tile if not p.stream)
+    plain = [p for p in one_tile if not p.stream and not p.weight_after]
+    for field in ("stream", "weight_after"):
+        variants = [p for p in plans if getattr(p, field)]
+        assert variants and all(p.path == "rows" and not p.prefetch for p in variants)
+        assert sorted(map(repr, variants)) == sorted(
+            repr(replace(p, **{field: True})) for p in plain)
 
 
 @pytest.mark.parametrize("n", [12288, 16384, 65536])

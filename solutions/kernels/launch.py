@@ -221,7 +221,7 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
 # for 2 rows on 2 warps, two trials of six rounds). RMSNorm's rows of 512: 4 rows on 8
 # warps, plain (median of six rounds each call alone 84.4 and 84.8 %, against 83.2 and
 # 83.6 streamed; back to back level, 91.6 and 91.6 against 91.5 and 91.6). 16-bit rows in
-# STREAMED_ROWS below take its plans instead; float32 rows keep these.
+# STREAMED_ROWS or WEIGHT_AFTER_ROWS below take their plans instead; float32 rows keep these.
 _LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
 ROWS_PATH = {
     "rmsnorm": {256: (32, 32), 512: (4, 8), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
@@ -288,9 +288,10 @@ ONE_ROW_LOOP = {
                                         one_row=True),
     ("add_rmsnorm", 32768): ForwardPlan("loop", 1, 32768, 32, out_block=32768, one_row=True),
     ("layernorm", 16384): ForwardPlan("loop", 1, 16384, 16, out_block=8192, one_row=True),
-    # LayerNorm's rows of 32768 in four unrolled blocks of 8192, unmasked (EVEN): 97.9 % of
-    # copy each call alone, 98.4 back to back, against 96.2 and 96.6 for the row in 32 warps'
-    # registers (torch.compile 93.1 and 93.9; three rounds, docs/benchmarks.md)
+    # LayerNorm's rows of 32768 in four unrolled blocks of 8192, unmasked (EVEN): 97.9 and
+    # 98.0 % of copy each call alone, 98.4 and 98.5 back to back, against 96.2 and 96.3, 96.6
+    # and 96.6 for the row in 32 warps' registers (torch.compile 93.1 and 93.1, 93.9 and
+    # 93.7; two trials of three rounds, docs/benchmarks.md)
     ("layernorm", 32768): ForwardPlan("loop", 1, 8192, 32, out_block=8192, one_row=True),
 }
 # RMSNorm's float32 rows of 32768 too, the whole row (128 KB) loaded at once by 32 warps:
