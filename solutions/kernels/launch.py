@@ -100,7 +100,8 @@ class ForwardPlan(_LaunchOptions):
     keep_masks: bool = False  # rows path: masked loads and stores even where the rows fill
                               # the tiles (ForwardPlan.rows_even)
     weight_after: bool = False  # rows path, one tile a program: the weight (and bias) loaded
-                                # after the sum, the rows with plain accesses (stream: hints)
+                                # after the sum, the rows with plain accesses (stream does
+                                # both: ForwardPlan.weight_after_sum)
 
     def __post_init__(self):
         if self.stream and (self.path != "rows" or self.prefetch):
@@ -124,6 +125,11 @@ class ForwardPlan(_LaunchOptions):
     @property
     def second_block(self) -> int:
         return self.out_block or self.block_n
+
+    @property
+    def weight_after_sum(self) -> bool:
+        """The rows kernels' WEIGHT_AFTER: streamed rows load their weight after the sum too."""
+        return self.stream or self.weight_after
 
     def rows_even(self, M: int, N: int) -> dict:
         """The rows kernels' EVEN for M rows of N columns: the rows fill the block and the
@@ -218,13 +224,12 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
 # 256: a row per warp, 16 to a program (71.7 and 72.0 % in two trials, against 70.6 and
 # 70.4 % for the persistent programs below); of 512: a row a program on one warp (84.2 and
 # 84.3 % each call alone, 90.3 and 90.8 back to back, against 83.7 and 84.3, 90.2 and 90.1
-# for 2 rows on 2 warps, two trials of six rounds). RMSNorm's rows of 512: 4 rows on 8
-# warps, plain (median of six rounds each call alone 84.4 and 84.8 %, against 83.2 and
-# 83.6 streamed; back to back level, 91.6 and 91.6 against 91.5 and 91.6). 16-bit rows in
-# STREAMED_ROWS or WEIGHT_AFTER_ROWS below take their plans instead; float32 rows keep these.
+# for 2 rows on 2 warps, two trials of six rounds). RMSNorm's 16-bit rows of 512 take
+# WEIGHT_AFTER_ROWS below, its float32 ones ROWS_PATH_FLOAT32. 16-bit rows in STREAMED_ROWS
+# or WEIGHT_AFTER_ROWS below take their plans instead; float32 rows keep these.
 _LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
 ROWS_PATH = {
-    "rmsnorm": {256: (32, 32), 512: (4, 8), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
+    "rmsnorm": {256: (32, 32), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
     "add_rmsnorm": {256: (4, 1), 512: (4, 1), 1024: (2, 4), 2048: (2, 8)} | _LONG_ROWS,
     "layernorm": {256: (16, 16), 512: (1, 1), 1024: (1, 4), 2048: (2, 8)} | _LONG_ROWS,
 }
@@ -255,6 +260,8 @@ STREAMED_ROWS = {
 # 256, 8 rows on 8 warps, 71.9 and 73.5 / 85.5 and 85.7 % of copy, against 71.4 and 71.9 /
 # 85.9 and 86.0 streamed (16 rows) and torch.compile's 71.8 and 73.0 / 85.1 and 85.3; at 512,
 # 84.9 and 85.2 / 92.3 and 91.9 against 84.4 and 84.9 / 91.9 and 91.9 for the plan plain.
+# (Plain, that plan had beaten the streamed one each call alone: medians of six rounds 84.4
+# and 84.8 % against 83.2 and 83.6; back to back 91.6 and 91.6 against 91.5 and 91.6.)
 WEIGHT_AFTER_ROWS = {"rmsnorm": {256: (8, 8), 512: (4, 8)}}
 # Shorter rows than the table holds: a tile is too small to hide latency on its own, so
 # fewer, persistent programs (PERSISTENT_PER_SM per SM) walk over the tiles, loading the

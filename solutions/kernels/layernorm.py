@@ -108,8 +108,8 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # As rmsnorm_fwd_rows_kernel: without PREFETCH program p normalises row tile p in
     # straight-line code; with it, P programs take tiles p, p + P, ... and load the next
     # tile before normalising this one. STREAM (one tile a program only), as there: x
-    # loaded evict-first, y streamed out, w and b loaded after the reduction. EVEN and
-    # WEIGHT_AFTER (w and b after the reduction, plain rows), as there.
+    # loaded evict-first, y streamed out. WEIGHT_AFTER (w and b loaded after the
+    # reduction) and EVEN, as there.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
     pid = tl.program_id(0)
@@ -123,8 +123,7 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # 512: 83.7 and 84.0 % of copy in two runs, against 82.7 and 82.6 % loading them after
     # the reduction without evict_last). Long rows load them after the reduction: held
     # through it, rows of 32768 on 32 warps spilled more (65.6 % against 96.3 %).
-    params_first: tl.constexpr = (BLOCK_N <= PARAMS_FIRST_MAX_N and not PREFETCH
-                                  and not STREAM and not WEIGHT_AFTER)
+    params_first: tl.constexpr = BLOCK_N <= PARAMS_FIRST_MAX_N and not PREFETCH and not WEIGHT_AFTER
     if params_first:
         w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
         b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
@@ -333,7 +332,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
                                             **flags, PREFETCH=plan.prefetch,
                                             BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
                                             STREAM=plan.stream,
-                                            WEIGHT_AFTER=plan.weight_after,
+                                            WEIGHT_AFTER=plan.weight_after_sum,
                                             **plan.rows_even(M, N),
                                             **plan.launch_options())
         elif plan.path == "split":

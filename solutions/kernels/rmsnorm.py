@@ -127,15 +127,15 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     # P programs walk over tiles p, p + P, ... and issue the next tile's loads before this
     # tile's arithmetic, so that few programs still keep memory requests in flight.
     # STREAM (one tile a program only): the rows are read and written with evict-first
-    # hints, and the weight is loaded after the sum (ForwardPlan.stream says where).
-    # WEIGHT_AFTER (ForwardPlan.weight_after): the weight after the sum, plain rows.
+    # hints (ForwardPlan.stream says where). WEIGHT_AFTER (one tile a program only,
+    # ForwardPlan.weight_after_sum): the weight is loaded after the sum.
     # EVEN (ForwardPlan.rows_even): the rows fill the block and M the tiles, so no masks.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = columns_in_row(cols, N, EVEN)
-    weight_here: tl.constexpr = (STREAM or WEIGHT_AFTER) and not PREFETCH
+    weight_here: tl.constexpr = WEIGHT_AFTER and not PREFETCH
     w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT and not weight_here)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
@@ -322,7 +322,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
                                           PREFETCH=plan.prefetch, BLOCK_M=plan.block_m,
                                           BLOCK_N=plan.block_n, STREAM=plan.stream,
-                                          WEIGHT_AFTER=plan.weight_after,
+                                          WEIGHT_AFTER=plan.weight_after_sum,
                                           **plan.rows_even(M, N), **plan.launch_options())
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device)
