@@ -26,7 +26,7 @@ from solutions.kernels.launch import (
     partial_block_rule,
     stated_multiple_of,
 )
-from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, layernorm_backward
+from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, SHIFTED_MAX_N, layernorm_backward
 from solutions.kernels.layernorm import _forward as layernorm_forward
 from solutions.kernels.rmsnorm import _forward as rmsnorm_forward
 from solutions.kernels.rmsnorm import rmsnorm_backward
@@ -122,6 +122,28 @@ def test_layernorm_rows_kernel_loads_its_parameters_before_or_after_the_reductio
     want_mean, want_rstd = reference.layernorm_stats(x)
     _assert_close("mean", mean, want_mean, torch.float32)
     _assert_close("rstd", rstd, want_rstd, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [200, 512])
+def test_short_16_bit_rows_summed_about_their_first_value_keep_the_variance(n, dtype):
+    # Rows of up to SHIFTED_MAX_N 16-bit values are summed in one pass about x[row, 0].
+    # Here the mean is 1000 times the spread, where summing about 0 loses every bit of the
+    # variance, and each row's first value is as far off its mean as the rest allow
+    # (about sqrt(n) spreads): the worst case for the shift, which still leaves 15 bits.
+    assert n <= SHIFTED_MAX_N.value
+    base = 64.0 if dtype == torch.bfloat16 else 1000.0  # large against the spread, and a
+    x = (_x((6, n), torch.float32) + base)               # spread the dtype can still hold
+    x[:, 0] += n ** 0.5 * 0.9
+    x = x.to(dtype)
+    w, b = _w(n, dtype), _x(n, dtype, seed=3)
+    for plan in (ForwardPlan("rows", 2, 1 << (n - 1).bit_length(), 2),
+                 ForwardPlan("rows", 1, 1 << (n - 1).bit_length(), 1)):
+        y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
+        want_mean, want_rstd = reference.layernorm_stats(x)
+        assert ((rstd.double() - want_rstd) / want_rstd).abs().max().item() < 2e-5
+        assert ((mean.double() - want_mean) / want_mean).abs().max().item() < 1e-6
+        _assert_close("y", y, reference.layernorm(x, w, b), dtype)
 
 
 def _check_forwards_on_plan(x, r, w, b, dtype, plan):
