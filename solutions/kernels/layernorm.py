@@ -148,7 +148,7 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # gained 1.1 and 0.4 points of copy each call alone and 1.3 and 0.9 back to back (two
     # trials of eight rounds); 512, 0.7 and 0.1, and 0.4 and 0.5. Rows of 1024 and 2048,
     # reduced across warps, measured level or slower.
-    shifted: tl.constexpr = (BLOCK_N <= SHIFTED_MAX_N and not PREFETCH
+    shifted: tl.constexpr = (BLOCK_N <= SHIFTED_MAX_N
                              and x_ptr.dtype.element_ty.primitive_bitwidth == 16)
     if not PREFETCH:
         x = load_rows(x_ptr + r64 * stride_x_row + cols[None, :], mask, STREAM)
