@@ -47,8 +47,11 @@ SPLIT_OUT_BLOCK = 8192
 SPLIT_WARPS = 16
 SPLIT_MAX_REGISTERS = 64
 # Fused add + RMSNorm keeps its split rows in registers (the residual it reads again would
-# be the one it has just written): smaller blocks that fit.
-RESIDUAL_SPLIT_BLOCK = 8192
+# be the one it has just written): smaller blocks that fit. About RESIDUAL_SPLIT programs a
+# row, each holding 16 columns a thread (`residual_split_plan`).
+RESIDUAL_SPLIT = 32
+RESIDUAL_SPLIT_BLOCKS = (4096, 16384)  # columns a program, at least and at most
+RESIDUAL_SPLIT_PER_THREAD = 16
 # The backward holds x, dy and the dW sums in registers: half the forward's budget.
 BACKWARD_REGISTER_BLOCK = 16384
 # RMSNorm's split backward, two programs per SM, by input dtype: (columns a program, warps,
@@ -230,7 +233,8 @@ def _warps_for(elements: int, per_thread: int = 16, lo: int = 1, hi: int = 16) -
 _LONG_ROWS = {4096: (1, 8), 8192: (1, 8), 16384: (2, 16), 32768: (1, 32)}
 ROWS_PATH = {
     "rmsnorm": {256: (32, 32), 1024: (2, 8), 2048: (1, 8)} | _LONG_ROWS,
-    "add_rmsnorm": {256: (4, 1), 512: (4, 1), 1024: (2, 4), 2048: (2, 8)} | _LONG_ROWS,
+    "add_rmsnorm": _LONG_ROWS | {256: (4, 1), 512: (2, 1), 1024: (1, 8), 2048: (1, 8),
+                                 4096: (1, 16), 8192: (1, 32)},
     "layernorm": {256: (16, 16), 512: (1, 1), 1024: (1, 4), 2048: (2, 8)} | _LONG_ROWS,
 }
 # 16-bit rows loaded evict-first and stored streaming (`.cs`), the weight (and bias) loaded
@@ -247,9 +251,17 @@ ROWS_PATH = {
 # warps (71.4 and 73.0 % each call alone, 86.1 and 86.2 back to back, against 71.0 and 72.9,
 # 85.6 and 85.9 for 8 rows); at 512 streaming lost each call alone (ROWS_PATH above). Then
 # RMSNorm moved to WEIGHT_AFTER_ROWS below.
+# The fused add kept its streamed plans from 256 to 8192 until they were timed against
+# plain ones again, each on its own inputs, three trials of six to eight rounds, bfloat16
+# and float16 (docs/benchmarks.md, 2026-11-24, "The fused add's launch rules"): from 1024
+# on, the same plans without the hints were 0.2 to 1.1 points of copy faster on both
+# timers (1024: 95.9 -> 97.0 each call alone, 97.4 -> 98.1 back to back, level with
+# torch.compile); at 512, 2 rows on one warp without them gained 0.8 to 1.3 each call
+# alone and lost up to 0.3 back to back; at 256, 16 rows on 4 warps streamed gained 0.0 to
+# 0.8 over 8 rows on 2. The plain plans are ROWS_PATH's, which float32 rows share: they
+# measured 0.0 to 1.2 points ahead of the float32 plans they replaced.
 STREAMED_ROWS = {
-    "add_rmsnorm": {256: (8, 2), 512: (2, 4), 1024: (1, 8), 2048: (1, 8), 4096: (1, 16),
-                    8192: (1, 32)},
+    "add_rmsnorm": {256: (16, 4)},
     "layernorm": {8192: (1, 16)},
 }
 # 16-bit rows whose weight is loaded after the sum, with plain loads and stores of the rows
@@ -373,6 +385,21 @@ def partial_block_rule(op: str, N: int, element_size: int) -> ForwardPlan | None
     return rule
 
 
+def residual_split_plan(N: int) -> ForwardPlan:
+    """The fused add's split path for rows of N columns: about RESIDUAL_SPLIT programs a row
+    (more once a program holds the most columns), on warps enough for 16 columns a thread.
+    Against the rule before (8192 columns a program on 8 warps), each on its own inputs,
+    bfloat16, % of copy each call alone (docs/benchmarks.md): 65536 100.2 -> 100.9 (4096
+    columns, 8 warps), 131072 99.7 -> 100.9, 262144 98.5 -> 100.0 (8192, 16 warps), 524288
+    97.3 -> 97.8 (16384, 32 warps); float32 at 32768 and 131072 gained 0.4 and 0.6. The
+    same block on 32 warps, or 16384 columns on 16, measured 0.9 to 4.4 points slower."""
+    least, most = RESIDUAL_SPLIT_BLOCKS
+    block = max(least, min(most, next_power_of_2(N) // RESIDUAL_SPLIT))
+    warps = block // (32 * RESIDUAL_SPLIT_PER_THREAD)
+    return ForwardPlan("split", 1, block, warps, split=next_power_of_2_split(N, block),
+                       reload=False)
+
+
 def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
                  residual: bool = False, layernorm: bool = False) -> ForwardPlan:
     """`element_size` is x's in bytes; `residual` says the residual is added too. Rows of
@@ -410,8 +437,7 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
     on_gpu = device.type == "cuda"
     if residual:
         if on_gpu:
-            split = next_power_of_2_split(N, RESIDUAL_SPLIT_BLOCK)
-            return ForwardPlan("split", 1, RESIDUAL_SPLIT_BLOCK, 8, split=split, reload=False)
+            return residual_split_plan(N)
         return ForwardPlan("loop", 1, 4096, 8, programs=sms)
     # 128 KB of loads in flight per SM: 65536 16-bit values or 32768 float32 ones
     loop_block = LOOP_BLOCK * 2 // max(2, element_size)
