@@ -254,9 +254,9 @@ ROWS_PATH = {
 # The fused add kept its streamed plans from 256 to 8192 until they were timed against
 # plain ones again, each on its own inputs, three trials of six to eight rounds, bfloat16
 # and float16 (docs/benchmarks.md, 2026-11-24, "The fused add's launch rules"): from 1024
-# on, the same plans without the hints were 0.2 to 1.1 points of copy faster on both
+# on, the same plans without the hints were 0.2 to 1.3 points of copy faster on both
 # timers (1024: 95.9 -> 97.0 each call alone, 97.4 -> 98.1 back to back, level with
-# torch.compile); at 512, 2 rows on one warp without them gained 0.8 to 1.3 each call
+# torch.compile); at 512, 2 rows on one warp without them gained 0.7 to 1.3 each call
 # alone and lost up to 0.3 back to back; at 256, 16 rows on 4 warps streamed gained 0.0 to
 # 0.8 over 8 rows on 2. The plain plans are ROWS_PATH's, which float32 rows share: they
 # measured 0.0 to 1.2 points ahead of the float32 plans they replaced.
@@ -392,7 +392,7 @@ def residual_split_plan(N: int) -> ForwardPlan:
     bfloat16, % of copy each call alone (docs/benchmarks.md): 65536 100.2 -> 100.9 (4096
     columns, 8 warps), 131072 99.7 -> 100.9, 262144 98.5 -> 100.0 (8192, 16 warps), 524288
     97.3 -> 97.8 (16384, 32 warps); float32 at 32768 and 131072 gained 0.4 and 0.6. The
-    same block on 32 warps, or 16384 columns on 16, measured 0.9 to 4.4 points slower."""
+    same block on 32 warps, or 16384 columns on 16, measured 0.7 to 4.8 points slower."""
     least, most = RESIDUAL_SPLIT_BLOCKS
     block = max(least, min(most, next_power_of_2(N) // RESIDUAL_SPLIT))
     warps = block // (32 * RESIDUAL_SPLIT_PER_THREAD)
