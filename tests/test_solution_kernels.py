@@ -19,6 +19,8 @@ from solutions.kernels.column_sums import SUM_ROWS, column_sums
 from solutions.kernels.launch import (
     ONE_ROW_LOOP,
     ONE_ROW_LOOP_FLOAT32,
+    RESIDUAL_SPLIT,
+    RESIDUAL_SPLIT_BLOCKS,
     BackwardPlan,
     ForwardPlan,
     backward_plan,
@@ -373,6 +375,23 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
                     assert bwd.block_n < n <= bwd.block_n + bwd.tail_for(n), where
                 else:
                     assert bwd.block_n * bwd.split >= n, where
+
+
+def test_fused_add_split_rows_hold_16_values_a_thread_on_about_32_programs_a_row():
+    # What the split rule was measured to want (launch.residual_split_plan): 16 values a
+    # thread at every length, and RESIDUAL_SPLIT programs a row until a program holds the
+    # most columns it may; past that, more programs rather than more values a thread.
+    gpu = torch.device("cuda")
+    least, most = RESIDUAL_SPLIT_BLOCKS
+    for n in (40000, 65536, 131072, 131080, 262144, 524288, 1 << 20, 3_000_000):
+        for element_size in (2, 4):
+            plan = forward_plan(512, n, gpu, element_size=element_size, residual=True)
+            where = f"N = {n}, {element_size}-byte values: {plan}"
+            assert plan.path == "split" and not plan.reload, where
+            assert plan.block_n == 16 * 32 * plan.num_warps, where
+            assert least <= plan.block_n <= most, where
+            assert plan.split * plan.block_n >= n, where
+            assert plan.split <= RESIDUAL_SPLIT or plan.block_n == most, where
 
 
 def test_kernels_are_told_only_the_multiples_triton_cannot_see():
