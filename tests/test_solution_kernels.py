@@ -383,7 +383,7 @@ def test_fused_add_split_rows_hold_16_values_a_thread_on_about_32_programs_a_row
     # most columns it may; past that, more programs rather than more values a thread.
     gpu = torch.device("cuda")
     least, most = RESIDUAL_SPLIT_BLOCKS
-    for n in (40000, 65536, 131072, 131080, 262144, 524288, 1 << 20, 3_000_000):
+    for n in (40000, 65536, 131072, 131080, 262144, 524288, 1 << 20, 1 << 21):
         for element_size in (2, 4):
             plan = forward_plan(512, n, gpu, element_size=element_size, residual=True)
             where = f"N = {n}, {element_size}-byte values: {plan}"
@@ -392,6 +392,25 @@ def test_fused_add_split_rows_hold_16_values_a_thread_on_about_32_programs_a_row
             assert least <= plan.block_n <= most, where
             assert plan.split * plan.block_n >= n, where
             assert plan.split <= RESIDUAL_SPLIT or plan.block_n == most, where
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm", "layernorm"])
+def test_no_row_is_split_over_more_programs_than_can_run_at_once(op):
+    # A split row's programs wait for each other's sums: more of them than the GPU can hold
+    # at once would wait forever (RMSNorm hung at 2**23 columns before the bound). Planned
+    # for an H100's 132 SMs, rows of up to 2**24 columns.
+    gpu = torch.device("cuda")
+    for n in (1 << 20, 1 << 21, (1 << 21) + 1, 3_000_000, 1 << 23, 1 << 24):
+        for element_size in (2, 4):
+            plan = forward_plan(8, n, gpu, element_size=element_size,
+                                residual=op == "add_rmsnorm", layernorm=op == "layernorm")
+            assert plan.split <= 132, f"{op}, N = {n}: {plan}"
+            if plan.path != "split":
+                assert plan.path == "loop" and plan.programs, f"{op}, N = {n}: {plan}"
+        if op != "add_rmsnorm":
+            for dtype in DTYPES:
+                bwd = backward_plan(8, n, gpu, dtype=dtype, layernorm=op == "layernorm")
+                assert bwd.split <= 132, f"{op} backward, N = {n}, {dtype}: {bwd}"
 
 
 def test_kernels_are_told_only_the_multiples_triton_cannot_see():
@@ -650,6 +669,14 @@ def _split_launches(m, n, dtype, seed):
         _assert_close("dx", dx, reference.layernorm_backward(x, w, b, dy)[0], dtype)
 
     return [check_rmsnorm, check_layernorm, check_rmsnorm_backward, check_layernorm_backward]
+
+
+@pytest.mark.gpu
+def test_gpu_rows_too_long_to_split_take_the_loop_paths():
+    # 2**23 columns would need more programs a row than an H100 holds at once, so every
+    # forward takes its loop path (RMSNorm's split hung there); the backwards do from 2**21.
+    _check_forwards((2, 1 << 23), torch.bfloat16)
+    _check_backwards((2, 1 << 21), torch.bfloat16)
 
 
 @pytest.mark.gpu

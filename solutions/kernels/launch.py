@@ -385,6 +385,15 @@ def partial_block_rule(op: str, N: int, element_size: int) -> ForwardPlan | None
     return rule
 
 
+def split_fits(split: int, sms: int) -> bool:
+    """Whether a row split over `split` programs can have them all running at once, as the
+    split kernels need: each waits for its siblings' sums (sibling_sync.py), so a row whose
+    last programs cannot start until its first have finished never finishes. One program
+    a SM is what every launch is sure of; beyond that the row takes the loop path (RMSNorm
+    at 8192 x 2**23 columns, 512 programs a row of which 264 fit an H100, hung there)."""
+    return split <= sms
+
+
 def residual_split_plan(N: int) -> ForwardPlan:
     """The fused add's split path for rows of N columns: about RESIDUAL_SPLIT programs a row
     (more once a program holds the most columns), on warps enough for 16 columns a thread.
@@ -436,17 +445,18 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
                            stream=stream, weight_after=weight_after, keep_masks=keep_masks)
     on_gpu = device.type == "cuda"
     if residual:
-        if on_gpu:
-            return residual_split_plan(N)
+        split_plan = residual_split_plan(N)
+        if on_gpu and split_fits(split_plan.split, sms):
+            return split_plan
         return ForwardPlan("loop", 1, 4096, 8, programs=sms)
     # 128 KB of loads in flight per SM: 65536 16-bit values or 32768 float32 ones
     loop_block = LOOP_BLOCK * 2 // max(2, element_size)
     if layernorm:
         loop_block = min(loop_block, MAX_REGISTER_BLOCK)
-    if block_n <= loop_block or not on_gpu:
+    split = next_power_of_2_split(N, SPLIT_BLOCK)
+    if block_n <= loop_block or not on_gpu or not split_fits(split, sms):
         return ForwardPlan("loop", 1, min(block_n, loop_block), LOOP_WARPS, programs=sms,
                            out_block=min(block_n, LOOP_OUT_BLOCK))
-    split = next_power_of_2_split(N, SPLIT_BLOCK)
     return ForwardPlan("split", 1, SPLIT_BLOCK, SPLIT_WARPS, split=split,
                        out_block=SPLIT_OUT_BLOCK,
                        max_registers=0 if layernorm else SPLIT_MAX_REGISTERS)
@@ -548,13 +558,9 @@ def backward_plan(M: int, N: int, device: torch.device, *,
             warps = 8
         programs = min(M, (2 if N <= 4096 else 1) * sms)
         return BackwardPlan("rows", block_m, block_n, warps, programs)
-    if device.type == "cuda":
-        if layernorm:
-            split = next_power_of_2_split(N, 4096)
-            groups = max(1, min(M, 2 * sms // split))  # two programs per SM
-            return BackwardPlan("split", 1, 4096, 4, groups, split=split)
-        block, warps, registers = RMS_BACKWARD_SPLIT[dtype]
-        split = next_power_of_2_split(N, block)
+    block, warps, registers = (4096, 4, 0) if layernorm else RMS_BACKWARD_SPLIT[dtype]
+    split = next_power_of_2_split(N, block)
+    if device.type == "cuda" and split_fits(split, sms):
         groups = max(1, min(M, 2 * sms // split))  # two programs per SM
         return BackwardPlan("split", 1, block, warps, groups, split=split,
                             max_registers=registers)

@@ -12,7 +12,9 @@ the counter and then read the sums back: about four round trips to L2 where this
 On an H100 the split RMSNorm forward went from 91 to 99 % of copy bandwidth.)
 
 This relies on the GPU starting programs in order of their index, so the SPLIT programs of a
-row (adjacent indices) are resident together and none waits on a sibling that cannot start.
+row (adjacent indices) are resident together and none waits on a sibling that cannot start,
+and on SPLIT being no more than the programs the GPU can hold at once (`launch.split_fits`
+keeps it to one an SM; 512 programs a row hung an H100 that holds 264 of them).
 GPU only: Triton's interpreter runs programs one after another, and the first to wait would
 wait forever.
 
