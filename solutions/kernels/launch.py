@@ -395,8 +395,8 @@ def split_fits(split: int, sms: int) -> bool:
     """Whether a row split over `split` programs can have them all running at once, as the
     split kernels need: each waits for its siblings' sums (sibling_sync.py), so a row whose
     last programs cannot start until its first have finished never finishes. One program
-    a SM is what every launch is sure of; beyond that the row takes the loop path (RMSNorm
-    at 8192 x 2**23 columns, 512 programs a row of which 264 fit an H100, hung there)."""
+    a SM is what every launch is sure of; beyond that the row takes the loop path (RMSNorm's
+    rows of 2**23 columns, 512 programs a row of which 264 fit an H100, hung there)."""
     return split <= sms
 
 
