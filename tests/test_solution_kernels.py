@@ -680,6 +680,19 @@ def test_gpu_rows_too_long_to_split_take_the_loop_paths():
 
 
 @pytest.mark.gpu
+def test_gpu_split_launch_refuses_more_programs_a_row_than_sms():
+    # A plan given by hand is held to the bound too: refused with a named error, not hung.
+    n = 1 << 20
+    x, w, b = _x((2, n), torch.bfloat16), _w(n, torch.bfloat16), _x(n, torch.bfloat16, seed=3)
+    plan = ForwardPlan("split", 1, 2048, 4, split=next_power_of_2_split(n, 2048))
+    assert plan.split > torch.cuda.get_device_properties(x.device).multi_processor_count
+    with pytest.raises(ValueError, match="more than this GPU"):
+        rmsnorm_forward(x, w, 1e-6, None, False, plan)
+    with pytest.raises(ValueError, match="more than this GPU"):
+        layernorm_forward(x, w, b, 1e-5, False, plan)
+
+
+@pytest.mark.gpu
 def test_gpu_split_paths_never_read_an_earlier_launchs_sums():
     # The split kernels share one buffer of tagged slots per stream and never clear it. A
     # launch that took an earlier launch's tag would find its row's slots already "full" of

@@ -30,7 +30,7 @@ from course import runtime  # noqa: F401  (picks GPU or interpreter before trito
 import torch
 from triton import next_power_of_2
 
-from solutions.kernels.sibling_sync import next_power_of_2_split
+from solutions.kernels.sibling_sync import next_power_of_2_split, split_fits
 
 # Columns one forward program keeps in float32 registers (32 warps at the top end).
 MAX_REGISTER_BLOCK = 32768
@@ -204,7 +204,8 @@ def sm_count(device_index: int) -> int:
 PLANNING_SMS = 132
 
 
-def _multiprocessors(device: torch.device) -> int:
+def multiprocessors(device: torch.device) -> int:
+    """SMs the plans for `device` count on (PLANNING_SMS for a GPU that is not here)."""
     if device.type != "cuda":
         return 8  # the interpreter runs programs one by one; few programs, less overhead
     if not torch.cuda.is_available():
@@ -391,15 +392,6 @@ def partial_block_rule(op: str, N: int, element_size: int) -> ForwardPlan | None
     return rule
 
 
-def split_fits(split: int, sms: int) -> bool:
-    """Whether a row split over `split` programs can have them all running at once, as the
-    split kernels need: each waits for its siblings' sums (sibling_sync.py), so a row whose
-    last programs cannot start until its first have finished never finishes. One program
-    a SM is what every launch is sure of; beyond that the row takes the loop path (RMSNorm's
-    rows of 2**23 columns, 512 programs a row of which 264 fit an H100, hung there)."""
-    return split <= sms
-
-
 def residual_split_plan(N: int) -> ForwardPlan:
     """The fused add's split path for rows of N columns: about RESIDUAL_SPLIT programs a row
     (more once a program holds the most columns), on warps enough for 16 columns a thread.
@@ -424,7 +416,7 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
     LayerNorm's loop path measured slower than its split path from 65536 columns on."""
     op = "layernorm" if layernorm else "add_rmsnorm" if residual else "rmsnorm"
     block_n = next_power_of_2(N)
-    sms = _multiprocessors(device)
+    sms = multiprocessors(device)
     float32 = element_size == 4  # the kernels take float32, float16 and bfloat16
     # LayerNorm's float32 rows of 32768 in 32 warps' registers: 97.7 and 98.0 % of copy
     # against 94.9 and 95.0 on the loop path (torch.compile 97.6 and 97.4).
@@ -451,8 +443,8 @@ def forward_plan(M: int, N: int, device: torch.device, *, element_size: int = 2,
                            stream=stream, weight_after=weight_after, keep_masks=keep_masks)
     on_gpu = device.type == "cuda"
     if residual:
-        split_plan = residual_split_plan(N)
-        if on_gpu and split_fits(split_plan.split, sms):
+        split_plan = residual_split_plan(N) if on_gpu else None
+        if split_plan is not None and split_fits(split_plan.split, sms):
             return split_plan
         return ForwardPlan("loop", 1, 4096, 8, programs=sms)
     # 128 KB of loads in flight per SM: 65536 16-bit values or 32768 float32 ones
@@ -544,7 +536,7 @@ def backward_plan(M: int, N: int, device: torch.device, *,
     registers. Longer rows are split: SPLIT programs share a row, and each publishes row
     i's partial sum before finishing row i - 1, so the exchange's wait overlaps loads.
     16-bit rows below a power of two take the pieces path (`pieces_plan`)."""
-    sms = _multiprocessors(device)
+    sms = multiprocessors(device)
     block_n = next_power_of_2(N)
     register_limit = BACKWARD_REGISTER_BLOCK // (2 if layernorm else 1)
     pieces = pieces_plan(M, N, dtype.itemsize, sms, layernorm=layernorm)

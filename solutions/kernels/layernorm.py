@@ -365,7 +365,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
                                             **plan.rows_even(M, N),
                                             **plan.launch_options())
         elif plan.path == "split":
-            check_path_runs_here(plan.path, x.device)
+            check_path_runs_here(plan.path, x.device, plan.split)
             slots, epoch = exchange_slots(2 * M * plan.split, x.device)
             layernorm_fwd_split_kernel[grid](*args, slots, epoch, M, N, x2.stride(0),
                                              y.stride(0), eps, **flags, HEAD=HEAD,
@@ -634,7 +634,7 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
         zeros = torch.zeros(2, N, dtype=param_dtype, device=x.device)
         return dx.view(x.shape), zeros[0], zeros[1]
     plan = plan or backward_plan(M, N, x.device, dtype=x.dtype, layernorm=True)
-    check_path_runs_here(plan.path, x.device)
+    check_path_runs_here(plan.path, x.device, plan.split)
     rows_per_program = plan.rows_per_program(M)
     programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path
     alloc = torch.zeros if plan.path == "loop" else torch.empty

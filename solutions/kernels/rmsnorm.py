@@ -325,7 +325,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                                           WEIGHT_AFTER=plan.weight_after_sum,
                                           **plan.rows_even(M, N), **plan.launch_options())
         elif plan.path == "split":
-            check_path_runs_here(plan.path, x.device)
+            check_path_runs_here(plan.path, x.device, plan.split)
             slots, epoch = exchange_slots(M * plan.split, x.device)
             rmsnorm_fwd_split_kernel[grid](*args, slots, epoch, M, N, *strides, eps,
                                            **flags, RELOAD=plan.reload, SPLIT=plan.split,
@@ -571,7 +571,7 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
         dw = torch.zeros_like(weight) if weight is not None else None
         return dx.view(x.shape), dw
     plan = plan or backward_plan(M, N, x.device, dtype=x.dtype)
-    check_path_runs_here(plan.path, x.device)
+    check_path_runs_here(plan.path, x.device, plan.split)
     rows_per_program = plan.rows_per_program(M)
     programs = triton.cdiv(M, rows_per_program)
     if plan.path == "split":  # groups take rows in turn: every group has at least one row

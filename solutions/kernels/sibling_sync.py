@@ -13,8 +13,8 @@ On an H100 the split RMSNorm forward went from 91 to 99 % of copy bandwidth.)
 
 This relies on the GPU starting programs in order of their index, so the SPLIT programs of a
 row (adjacent indices) are resident together and none waits on a sibling that cannot start,
-and on SPLIT being no more than the programs the GPU can hold at once (`launch.split_fits`
-keeps it to one an SM; 512 programs a row hung an H100 that holds 264 of them).
+and on SPLIT being no more than the programs the GPU can hold at once (`split_fits`: one an
+SM; the launch plans keep to it, and a split launch that does not is refused).
 GPU only: Triton's interpreter runs programs one after another, and the first to wait would
 wait forever.
 
@@ -61,6 +61,14 @@ def wait_for_pairs(slots_ptr, epoch, SPLIT: tl.constexpr):
     first, second = tl.split(tl.reshape(wait_for_partials(slots_ptr, epoch, 2 * SPLIT),
                                         [SPLIT, 2]))
     return tl.sum(first, axis=0), tl.sum(second, axis=0)
+
+
+def split_fits(split: int, sms: int) -> bool:
+    """Whether a row split over `split` programs can have them all running at once, as the
+    protocol needs: a row whose last programs cannot start until its first have finished
+    never finishes. One program an SM is what every launch is sure of (RMSNorm's rows of
+    2**23 columns, 512 programs a row of which 264 fit an H100, hung there)."""
+    return split <= sms
 
 
 def next_power_of_2_split(n_cols: int, block: int) -> int:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from solutions.kernels.launch import multiprocessors
+from solutions.kernels.sibling_sync import split_fits
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -83,9 +86,17 @@ def row_statistic(stat: torch.Tensor, n_rows: int, name: str) -> torch.Tensor:
     return stat.reshape(n_rows).contiguous()
 
 
-def check_path_runs_here(path: str, device: torch.device) -> None:
+def check_path_runs_here(path: str, device: torch.device, split: int = 1) -> None:
     """The split path's programs wait for each other, which only a GPU can run: Triton's
-    interpreter runs programs one after another, and the first to wait would wait forever."""
-    if path == "split" and device.type != "cuda":
+    interpreter runs programs one after another, and the first to wait would wait forever.
+    On a GPU the `split` programs of a row must all be running at once (`split_fits`)."""
+    if path != "split":
+        return
+    if device.type != "cuda":
         raise ValueError("the split path needs a GPU (its programs wait for each other, "
                          "which the interpreter cannot run)")
+    sms = multiprocessors(device)
+    if not split_fits(split, sms):
+        raise ValueError(f"a split of {split} programs a row is more than this GPU's {sms} "
+                         f"SMs can run at once, and its programs wait for each other: "
+                         f"use the loop path for rows this long")
