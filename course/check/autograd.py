@@ -19,6 +19,7 @@ and the report says so.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -31,13 +32,16 @@ from course.check.diagnose import advise
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import (
+    ADVICE,
     CaseResult,
     Finding,
+    course_kernel_findings,
     explain_error,
     fresh_seed,
     memory_findings,
     suspect_hints,
 )
+from course.check.suite import warning_notes
 
 import torch
 
@@ -103,15 +107,16 @@ _ADVICE = {
 _GRAD_COUNT = re.compile(r"incorrect number of gradients \(expected (\d+), got (\d+)\)")
 
 
-def _probe_class(function_class: type) -> tuple[type, list[int]]:
-    """A subclass of the learner's Function that records how many values backward
-    returns. Subclassing keeps their forward (or setup_context) as it is."""
-    returned: list[int] = []
+def _probe_class(function_class: type) -> tuple[type, list[tuple]]:
+    """A subclass of the learner's Function that records what backward returns (as a
+    tuple): how many values, and the tensors themselves, before autograd copies them into
+    .grad. Subclassing keeps their forward (or setup_context) as it is."""
+    returned: list[tuple] = []
     original = function_class.backward
 
     def backward(ctx, *grads):
         out = original(ctx, *grads)
-        returned.append(len(out) if isinstance(out, tuple) else 1)
+        returned.append(out if isinstance(out, tuple) else (out,))
         return out
 
     probe = type(f"Checked{function_class.__name__}", (function_class,),
@@ -145,7 +150,33 @@ def _launch_and_op_findings(record: sandbox.CallRecord, phase: str) -> list[Find
     return findings
 
 
+def _provenance(record: sandbox.CallRecord, phase: str, name: str, out: object
+                ) -> list[Finding]:
+    """The rule of the other exercises (runner._provenance_findings): an output that no
+    launch of this phase changed was computed some other way."""
+    if not record.launches or not isinstance(out, torch.Tensor):
+        return []  # no launch at all is reported as such
+    if not record.passed_to_launch(out):
+        return [Finding("output_not_from_kernel", f"{phase} returned `{name}` in a tensor "
+                        "that was never passed to a Triton kernel")]
+    if not record.changed_by_launch(out) and not sandbox.is_poison(out):
+        return [Finding("output_unchanged", f"{phase} returned `{name}` holding values it "
+                        "already had when your kernels received it: no launch changed a "
+                        "single element")]
+    return []
+
+
 def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator) -> CaseResult:
+    """One case, with the warnings forward and backward raised (collected, not printed)."""
+    watched: list[sandbox.CallRecord] = []
+    result = _checked_case(function_class, spec, gen, watched)
+    warned = tuple(dict.fromkeys(w for record in watched for w in record.warnings))
+    return dataclasses.replace(result, warnings=warned)
+
+
+def _checked_case(function_class: type, spec: _GradCase, gen: torch.Generator,
+                  watched: list[sandbox.CallRecord]) -> CaseResult:
+    """One case; `watched` receives the record of each watched call (forward, backward)."""
     case = spec.case
     x_in = case.make_input(gen)
     w_in = case.make_vector(gen)
@@ -162,6 +193,7 @@ def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator) -> Ca
     allocated = sandbox.CallRecord()  # what forward and backward allocated, for margin checks
     try:
         with sandbox.watch() as fwd:
+            watched.append(fwd)
             y = probe.apply(x, w, EPS)
         allocated.allocations += fwd.allocations
         findings += _launch_and_op_findings(fwd, "forward")
@@ -169,6 +201,7 @@ def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator) -> Ca
         if not isinstance(y, torch.Tensor):
             raise AssertionError(f"apply(x, weight, eps) returned {type(y).__name__}, "
                                  "expected the tensor y")
+        findings += _provenance(fwd, "forward", "y", y)
         expected_y = reference.rmsnorm(originals["x"], originals["weight"], EPS)
         mismatches = [m for m in [compare("y", y, expected_y, case.dtype)] if m is not None]
         if not y.requires_grad:
@@ -177,10 +210,11 @@ def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator) -> Ca
                               launches=tuple(launches))
         try:
             with sandbox.watch() as bwd:
+                watched.append(bwd)
                 y.backward(dy)
         except RuntimeError as exc:
-            if returned and returned[-1] != 3:
-                findings.append(_grad_count_finding(returned[-1]))
+            if returned and len(returned[-1]) != 3 and not bwd.course_kernels:
+                findings.append(_grad_count_finding(len(returned[-1])))
                 return CaseResult(case, tuple(mismatches), tuple(findings),
                                   launches=tuple(launches))
             count = _GRAD_COUNT.search(str(exc))
@@ -195,11 +229,18 @@ def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator) -> Ca
         findings += _launch_and_op_findings(bwd, "backward")
         launches += bwd.launches
         allocated.allocations += bwd.allocations
-        if returned and returned[-1] != 3:
-            findings.append(_grad_count_finding(returned[-1]))
+        if returned and len(returned[-1]) != 3:
+            findings.append(_grad_count_finding(len(returned[-1])))
+        if returned:
+            for name, out in zip(("dx", "dw"), returned[-1], strict=False):
+                findings += _provenance(bwd, "backward", name, out)
     except Exception as exc:  # the learner's code: reported with the case, not raised
+        refused = [f for r in watched for f in course_kernel_findings(r)]
+        if refused:
+            return CaseResult(case, findings=tuple(refused))
         text, fatal = explain_error(exc)
         return CaseResult(case, error=text, fatal=fatal)
+    findings = [f for r in watched for f in course_kernel_findings(r)] + findings
     findings += memory_findings(allocated, {"x": x_in, "weight": w_in, "dy": dy_in})
 
     dx_want, dw_want = reference.rmsnorm_backward(originals["x"], originals["weight"],
@@ -233,7 +274,8 @@ def _gradcheck(function_class: type, gen: torch.Generator) -> tuple[CaseResult |
     w = (torch.rand(case.n, generator=gen, dtype=F64) + 0.5).to(runtime.DEVICE)
     skip = "skipped the float64 gradcheck: "
     try:
-        y = function_class.apply(x, w, EPS)
+        with sandbox.collect_warnings() as warned:  # reported, not printed (see sandbox)
+            y = function_class.apply(x, w, EPS)
     except Exception as exc:
         why = explain_error(exc)[0]
         return None, skip + (f"your kernels do not run on float64 inputs ({why}). That is "
@@ -250,15 +292,16 @@ def _gradcheck(function_class: type, gen: torch.Generator) -> tuple[CaseResult |
     xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     findings = []
     try:
-        with sandbox.watch() as record:
+        with sandbox.watch(track_changes=False) as record:
             passed = torch.autograd.gradcheck(lambda a, b: function_class.apply(a, b, EPS),
                                               (xg, wg), eps=1e-6, atol=1e-5, rtol=1e-3,
                                               raise_exception=False)
     except Exception as exc:
-        return CaseResult(case, error=explain_error(exc)[0]), ""
+        return CaseResult(case, error=explain_error(exc)[0], warnings=tuple(warned)), ""
     if not passed:
         findings.append(Finding("gradcheck", "gradcheck returned False"))
-    return CaseResult(case, findings=tuple(findings), launches=tuple(record.launches)), ""
+    return CaseResult(case, findings=tuple(findings), launches=tuple(record.launches),
+                      warnings=tuple(dict.fromkeys([*warned, *record.warnings]))), ""
 
 
 @learner_facing
@@ -290,8 +333,9 @@ def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
             notes.append(why_not)
     else:  # it would only repeat what the failures above say
         notes.append("the float64 gradcheck runs once the cases above pass")
+    notes += warning_notes(results)
     report = Report("rmsnorm_autograd", seed, results,
-                    advise(results, RMSNORM_BACKWARD.suspects, _ADVICE), notes)
+                    advise(results, RMSNORM_BACKWARD.suspects, {**ADVICE, **_ADVICE}), notes)
     if not report.passed:
         raise AssertionError(report.message())
     if not quiet:

@@ -1,18 +1,38 @@
 """Bandwidth checks: a kernel's speed as a fraction of the copy bandwidth measured on the
-same GPU in the same process. GPU only; without one they say so instead of guessing."""
+same GPU in the same process. GPU only; without one they say so instead of guessing.
+
+A speed is only worth something for the function the correctness checks accepted, so every
+call a speed check makes is judged, not only the first:
+
+- one call at the timing shape runs watched (`course.check.sandbox`) before timing and one
+  after: the exercise's launch limit, no PyTorch compute, inputs left unchanged, the output
+  right;
+- every call made while timing is logged (`TimedOutputs`), and afterwards the outputs the
+  timer kept alive, and the latest one of every rotating input set, are compared with the
+  reference computed for that call's own inputs;
+- a measurement faster than a copy of the kernel's bytes (`IMPOSSIBLE_FRACTION`) is refused:
+  a kernel that reads its inputs once and writes its outputs once cannot beat that.
+"""
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from course import bench, hardware, runtime
+from course.check import sandbox
 from course.check.compare import compare
 from course.check.learner_facing import learner_facing
 from course.hardware import NeedsGPU
 
 import torch
+
+# Above this fraction of the copy bandwidth a measurement is refused. Honest kernels here
+# have measured up to 100.5 % of copy on an H100 (docs/benchmarks.md); the margin covers
+# noise, not a kernel that skips work.
+IMPOSSIBLE_FRACTION = 1.10
 
 
 @dataclass(frozen=True)
@@ -37,24 +57,252 @@ class BandwidthResult:
                 f"({hardware.copy_bandwidth() / 1e9:.0f} GB/s measured here)")
 
 
-def verify_outputs(label: str, names: Sequence[str], got: object,
-                   expected: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype],
-                   extra_atol: Sequence[float | torch.Tensor | None] | None = None) -> None:
-    """Raise AssertionError when a kernel's outputs at the timing shape are wrong: a wrong
-    kernel is not timed (it might be fast because it skips work)."""
+@dataclass(frozen=True)
+class CallSpec:
+    """What makes one call at the timing shape right, for the arguments it was given.
+
+    `reference(*args)` returns the float64 reference outputs for those arguments (one tensor
+    or a sequence, in the order of `names`); `extra_atol(*args)`, if given, one extra
+    absolute tolerance per output (None where there is none, see `compare`). A call may
+    launch up to `max_launches` Triton kernels and run no PyTorch compute op, as in the
+    exercise's correctness checks. `arg_names` name the arguments in messages.
+    """
+
+    names: tuple[str, ...]
+    reference: Callable[..., torch.Tensor | Sequence[torch.Tensor]]
+    dtypes: tuple[torch.dtype, ...]
+    extra_atol: Callable[..., Sequence[float | torch.Tensor | None]] | None = None
+    max_launches: int = 1
+    arg_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.dtypes) != len(self.names):
+            raise ValueError(f"{len(self.names)} output names but {len(self.dtypes)} dtypes")
+        if self.max_launches < 1:
+            raise ValueError(f"max_launches must be at least 1, got {self.max_launches}")
+
+    def expected(self, args: Sequence[Any]) -> tuple[tuple[torch.Tensor, ...],
+                                                     tuple[float | torch.Tensor | None, ...]]:
+        """The reference outputs for `args`, and the extra tolerance of each."""
+        want = self.reference(*args)
+        want = (want,) if isinstance(want, torch.Tensor) else tuple(want)
+        extra = (tuple(self.extra_atol(*args)) if self.extra_atol is not None
+                 else (None,) * len(self.names))
+        return want, extra
+
+    def problems(self, got: object, expected: Sequence[torch.Tensor],
+                 extra_atol: Sequence[float | torch.Tensor | None]) -> list[str]:
+        """What is wrong with `got` (one call's return value), in words; empty when right."""
+        return output_problems(self.names, got, expected, self.dtypes, extra_atol)
+
+    def arg_name(self, index: int) -> str:
+        if index < len(self.arg_names):
+            return f"`{self.arg_names[index]}`"
+        return f"argument {index + 1}"
+
+
+def output_problems(names: Sequence[str], got: object, expected: Sequence[torch.Tensor],
+                    dtypes: Sequence[torch.dtype],
+                    extra_atol: Sequence[float | torch.Tensor | None] | None = None
+                    ) -> list[str]:
+    """One line (or paragraph) per output of `got` that differs from its float64 reference."""
     outs = got if isinstance(got, (tuple, list)) else (got,)
     if len(outs) != len(names):
-        raise AssertionError(f"{label}: returned {len(outs)} value(s), expected {len(names)} "
-                             f"({', '.join(names)})")
+        return [f"returned {len(outs)} value(s), expected {len(names)} ({', '.join(names)})"]
     extras = list(extra_atol) if extra_atol is not None else [None] * len(names)
     problems = []
     for name, out, want, dtype, extra in zip(names, outs, expected, dtypes, extras, strict=True):
-        mismatch = compare(name, out, want, dtype, extra_atol=extra)
+        try:
+            mismatch = compare(name, out, want, dtype, extra_atol=extra)
+        except AssertionError as wrong_kind:  # shape, dtype or device: not a tolerance matter
+            problems.append(str(wrong_kind))
+            continue
         if mismatch is not None:
             problems.append(mismatch.describe())
-    if problems:
-        raise AssertionError(f"{label}: wrong output at the timing shape, so it is not timed.\n"
-                             + "\n".join(problems))
+    return problems
+
+
+def _rule_problems(record: sandbox.CallRecord, max_launches: int) -> list[str]:
+    """The correctness checks' rules about what a call may do, read from one watched call."""
+    problems = []
+    if not record.launches:
+        problems.append("returned a result without launching any Triton kernel")
+    elif len(record.launches) > max_launches:
+        problems.append(f"launched {len(record.launches)} Triton kernels "
+                        f"({', '.join(record.launches)}); this exercise allows {max_launches}")
+    if record.forbidden_ops:
+        by_site: dict[str, list[str]] = {}
+        for use in record.forbidden_ops:
+            ops = by_site.setdefault(use.site, [])
+            if use.op not in ops:
+                ops.append(use.op)
+        problems.append("ran PyTorch compute ops: " + "; ".join(
+            f"{', '.join(ops)} at {site}" for site, ops in by_site.items()))
+    return problems
+
+
+def _changed_inputs(args: Sequence[Any], before: Sequence[Any], spec: CallSpec) -> list[str]:
+    return [f"changed its input {spec.arg_name(i)}" for i, (now, then)
+            in enumerate(zip(args, before, strict=True))
+            if isinstance(now, torch.Tensor) and not torch.equal(now, then)]
+
+
+# For each moment a watched call runs: where it ran, and what a failure there means.
+_WHEN = {
+    "before": ("called once at the timing shape before timing", "so it is not timed."),
+    "after": ("called again at the timing shape after timing",
+              "so its time does not count. It passed the same checks before timing: a "
+              "function that behaves differently on later calls is timed doing something the "
+              "checks never accepted."),
+}
+
+
+def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], spec: CallSpec,
+                       *, when: str = "before") -> None:
+    """Call `fn(*args)` once inside `sandbox.watch()` and hold it to the correctness checks'
+    rules: at most `spec.max_launches` Triton launches and at least one, no PyTorch compute
+    ops, its inputs unchanged, and outputs that match the reference. Raise AssertionError
+    otherwise (a wrapper that switches to PyTorch, or to more launches, on large inputs is
+    refused here). `when` ("before" or "after" timing) only changes the message."""
+    if when not in _WHEN:
+        raise ValueError(f"when must be 'before' or 'after', not {when!r}")
+    args = tuple(args)
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    runtime.synchronize()
+    with sandbox.watch() as record:
+        got = fn(*args)
+    runtime.synchronize()
+    where, verdict = _WHEN[when]
+    broken_rules = _rule_problems(record, spec.max_launches) + _changed_inputs(args, before, spec)
+    if broken_rules:
+        raise AssertionError(
+            f"{label}: {where}, your function " + "; it ".join(broken_rules) + ". The "
+            f"correctness checks refuse that at every shape, {verdict}")
+    del before
+    wrong = spec.problems(got, *spec.expected(args))
+    if wrong:
+        raise AssertionError(f"{label}: wrong output at the timing shape ({where}), "
+                             f"{verdict}\n" + "\n".join(wrong))
+
+
+class TimedOutputs:
+    """A log of the calls of a function being timed: for each, its arguments and what it
+    returned. It keeps alive the latest output of every input set, and as many of the latest
+    outputs overall as the timer itself keeps (`bench.outputs_to_hold`, the same tensors), so
+    that afterwards each can be compared with the reference for its own inputs (`verify`).
+
+    Use `wrap(fn)` in place of `fn` wherever it is timed.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._args: dict[tuple[int, ...], tuple[Any, ...]] = {}  # input set -> its arguments
+        self._latest: dict[tuple[int, ...], tuple[int, Any]] = {}  # -> (call number, output)
+        self._recent: collections.deque | None = None  # (call number, input set, output)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def logged(*args: Any) -> Any:
+            out = fn(*args)
+            self._record(args, out)
+            return out
+        return logged
+
+    def _record(self, args: tuple[Any, ...], out: Any) -> None:
+        self.calls += 1
+        # Rotating input sets are distinct objects, alive for the whole measurement (and
+        # here, after it): their identities name the set.
+        key = tuple(id(a) for a in args)
+        self._args.setdefault(key, args)
+        self._latest[key] = (self.calls, out)
+        if self._recent is None:
+            self._recent = collections.deque(
+                maxlen=bench.outputs_to_hold(bench.result_bytes(out)))
+        self._recent.append((self.calls, key, out))
+
+    @property
+    def input_sets(self) -> int:
+        return len(self._args)
+
+    def kept(self) -> list[tuple[int, tuple[int, ...], Any]]:
+        """(call number, input set, output) of every output kept, in call order."""
+        entries = {call: (call, key, out) for key, (call, out) in self._latest.items()}
+        for call, key, out in self._recent or ():
+            entries[call] = (call, key, out)
+        return [entries[call] for call in sorted(entries)]
+
+    def verify(self, label: str, spec: CallSpec) -> None:
+        """Raise AssertionError if any kept output is wrong for the inputs of its call, or
+        if two calls returned the same memory (a later call overwrote an earlier result)."""
+        kept = self.kept()
+        if not kept:
+            raise AssertionError(f"{label}: the timer never called the function")
+        self._refuse_shared_memory(label, kept)
+        order = list(self._args)
+        for key in order:
+            calls = [(call, out) for call, k, out in kept if k == key]
+            if not calls:
+                continue
+            expected, extra = spec.expected(self._args[key])
+            for call, out in calls:
+                wrong = spec.problems(out, expected, extra)
+                if wrong:
+                    raise AssertionError(
+                        f"{label}: the output of a timed call is wrong: call {call} of the "
+                        f"{self.calls} made while timing (warm-up included), on input set "
+                        f"{order.index(key) + 1} of {len(order)}. Its output was right when "
+                        "checked before timing, so on later calls your function does "
+                        "something else (skips the kernel, returns memory it did not write, "
+                        "or a result it computed for other inputs); the time of such calls "
+                        "says nothing about your kernel.\n" + "\n".join(wrong))
+            del expected, extra
+
+    def _refuse_shared_memory(self, label: str, kept: list[tuple[int, tuple[int, ...], Any]]
+                              ) -> None:
+        owner: dict[int, int] = {}
+        for call, _, out in kept:
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            for t in outs:
+                if not isinstance(t, torch.Tensor) or t.numel() == 0:
+                    continue
+                first = owner.setdefault(t.data_ptr(), call)
+                if first != call:
+                    raise AssertionError(
+                        f"{label}: calls {first} and {call} made while timing returned the "
+                        "same memory, so the later call overwrote the earlier call's result. "
+                        "Allocate each output anew in every call (torch.empty_like(x)); "
+                        "returning a buffer kept from an earlier call, or a cached result, "
+                        "is refused.")
+
+
+def refuse_impossible_speed(label: str, measurement: bench.Measurement) -> None:
+    """Raise AssertionError when `measurement` beats the copy bandwidth by more than
+    IMPOSSIBLE_FRACTION: these kernels move at least their ideal bytes, and nothing moves
+    bytes faster than a copy."""
+    fraction = measurement.fraction_of_copy
+    if fraction is not None and fraction > IMPOSSIBLE_FRACTION:
+        raise AssertionError(
+            f"{label}: {measurement}, faster than copying its bytes: the call probably skips "
+            "work. A kernel that reads its inputs once and writes its outputs once cannot "
+            f"beat a plain copy of those bytes by more than noise (the limit here is "
+            f"{100 * IMPOSSIBLE_FRACTION:.0f} % of copy), so this time is refused. Does every "
+            "call launch your kernel over the whole input?")
+
+
+def measure_checked(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
+                    nbytes: int, spec: CallSpec, *, reps: int = 50) -> bench.Measurement:
+    """`bench.measure` of `fn` on rotating inputs (GPU time only), then every output kept
+    from the timed calls checked against the reference for its inputs, and a time faster
+    than a copy of the bytes refused. Raise AssertionError on either."""
+    log = TimedOutputs()
+    # GPU time only (hide_launch): the grading machine's Python speed is not the
+    # learner's kernel. Under nbgrader one call's host time was measured at 71 us on an
+    # H100 host, enough to starve a 95 us kernel between per-call events (docs/benchmarks.md).
+    measurement = bench.measure(label, log.wrap(fn), make_args, nbytes, reps=reps,
+                                hide_launch=True)
+    log.verify(label, spec)
+    del log
+    refuse_impossible_speed(label, measurement)
+    return measurement
 
 
 def needs_gpu_message(label: str) -> str:
@@ -74,10 +322,12 @@ def resolve_on_cpu(on_cpu: str) -> str:
 
 @learner_facing
 def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
-                    nbytes: int, *, target: float, retries: int = 3, reps: int = 50,
-                    on_cpu: str = "fail", advice: str = "") -> BandwidthResult | None:
+                    nbytes: int, *, spec: CallSpec, target: float, retries: int = 3,
+                    reps: int = 50, on_cpu: str = "fail", advice: str = ""
+                    ) -> BandwidthResult | None:
     """Time `fn(*make_args())` on rotating inputs; pass when some attempt reaches `target`
-    (a fraction of copy bandwidth). Retries absorb a noisy neighbour or clock ramp.
+    (a fraction of copy bandwidth). Retries absorb a noisy neighbour or clock ramp. Every
+    call is held to `spec` (see `timed_bandwidth_check`).
 
     Without a GPU: on_cpu="skip" prints why and returns None, on_cpu="fail" raises NeedsGPU.
     """
@@ -87,15 +337,29 @@ def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], 
             print(needs_gpu_message(label) + " Skipped.")
             return None
         raise NeedsGPU(needs_gpu_message(label))
-    attempts = []
-    for _ in range(max(1, retries)):
-        # GPU time only (hide_launch): the grading machine's Python speed is not the
-        # learner's kernel. Under nbgrader one call's host time was measured at 71 us on an
-        # H100 host, enough to starve a 95 us kernel between per-call events (docs/benchmarks.md).
-        attempts.append(bench.measure(label, fn, make_args, nbytes, reps=reps,
-                                      hide_launch=True))
-        if (attempts[-1].fraction_of_copy or 0.0) >= target:
-            break
+    return timed_bandwidth_check(label, fn, make_args, nbytes, spec, target=target,
+                                 retries=retries, reps=reps, advice=advice)
+
+
+def timed_bandwidth_check(label: str, fn: Callable[..., Any],
+                          make_args: Callable[[], Sequence[Any]], nbytes: int, spec: CallSpec,
+                          *, target: float, retries: int = 3, reps: int = 50,
+                          advice: str = "") -> BandwidthResult:
+    """`check_bandwidth` once a GPU is known to be there (tests run it with a fake timer):
+    a watched call at the timing shape, the timed attempts with every kept output checked
+    and impossible speeds refused, a watched call again, then the verdict."""
+    # A warning on stderr would cost the whole cell its points under nbgrader: collected,
+    # and shown on stdout instead.
+    with sandbox.collect_warnings() as warned:
+        check_watched_call(label, fn, make_args(), spec, when="before")
+        attempts = []
+        for _ in range(max(1, retries)):
+            attempts.append(measure_checked(label, fn, make_args, nbytes, spec, reps=reps))
+            if (attempts[-1].fraction_of_copy or 0.0) >= target:
+                break
+        check_watched_call(label, fn, make_args(), spec, when="after")
+    for text in warned:
+        print(f"note: {label}: your function raised a warning while timed: {text}")
     result = BandwidthResult(label, target, tuple(attempts))
     if not result.passed:
         raise AssertionError(f"{result}.\nIdeal bytes counted: {nbytes / 1e6:.1f} MB per call "

@@ -104,12 +104,44 @@ def _ranges(values: tuple[int, ...], limit: int = 6) -> str:
     return text + (", ..." if len(spans) > limit else "")
 
 
+DEFAULT_DTYPE_REASON = ("the input's dtype: compute in float32 inside the kernel, store in "
+                        "the output's dtype")
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return f"({shape[0]},)" if len(shape) == 1 else str(shape)
+
+
+def layout_problem(name: str, got: object, expected: torch.Tensor, dtype: torch.dtype,
+                   dtype_reason: str = DEFAULT_DTYPE_REASON) -> str | None:
+    """What is wrong with `got` before its values can be compared (not a tensor, a wrong
+    shape, dtype or device), with what to change; None when nothing is."""
+    if not isinstance(got, torch.Tensor):
+        return f"{name} should be a torch.Tensor, got {type(got).__name__}"
+    have, want = tuple(got.shape), tuple(expected.shape)
+    if have != want:
+        text = f"{name} has shape {_shape_text(have)}, expected {_shape_text(want)}"
+        if got.numel() == expected.numel():
+            return (f"{text}: the right number of elements in another shape. Return it in "
+                    f"the expected shape, {name}.view({_shape_text(want)}) (for an output "
+                    f"shaped like the input x, {name}.view(x.shape))")
+        return (f"{text}: {got.numel()} elements instead of {expected.numel()}. Allocate it "
+                "with the expected shape (torch.empty_like(x) for an output shaped like x)")
+    if got.dtype != dtype:
+        return (f"{name} has dtype {got.dtype}, expected {dtype} ({dtype_reason}). Allocate it "
+                f"with dtype={dtype} and let the kernel convert when it stores "
+                "(.to(y_ptr.dtype.element_ty))")
+    if got.device != expected.device:
+        return (f"{name} is on {got.device}, expected {expected.device}: allocate it on the "
+                "input's device (device=x.device)")
+    return None
+
+
 def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, *,
             extra_atol: float | torch.Tensor | None = None,
             bf16_truncated: bool | None = None,
             row_scale_tolerance: float | None = None,
-            dtype_reason: str = "the input's dtype: compute in float32 inside the kernel, "
-                                "store in the output's dtype") -> Mismatch | None:
+            dtype_reason: str = DEFAULT_DTYPE_REASON) -> Mismatch | None:
     """None when `got` matches the float64 `expected` within `dtype`'s tolerance.
 
     `extra_atol` (a number, or a tensor broadcastable to `expected`) widens the absolute
@@ -121,17 +153,12 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.d
     `row_scale_tolerance` replaces ROW_SCALE_TOLERANCES[dtype] for this comparison.
 
     Shape, dtype and device problems raise AssertionError straight away: they are not a
-    matter of tolerance.
+    matter of tolerance. (The exercise runner asks `layout_problem` first, so that they
+    fail one case instead of the whole check.)
     """
-    if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"{name} should be a torch.Tensor, got {type(got).__name__}")
-    if tuple(got.shape) != tuple(expected.shape):
-        raise AssertionError(f"{name} has shape {tuple(got.shape)}, expected "
-                             f"{tuple(expected.shape)}")
-    if got.dtype != dtype:
-        raise AssertionError(f"{name} has dtype {got.dtype}, expected {dtype} ({dtype_reason})")
-    if got.device != expected.device:
-        raise AssertionError(f"{name} is on {got.device}, expected {expected.device}")
+    problem = layout_problem(name, got, expected, dtype, dtype_reason)
+    if problem is not None:
+        raise AssertionError(problem)
     atol, rtol = TOLERANCES[dtype]
     n_cols = expected.shape[-1] if expected.dim() else 1
     want = expected.detach().to(torch.float64).reshape(-1, n_cols)

@@ -8,9 +8,11 @@ produces exactly that pattern.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 from course import runtime
+from course.check.compare import TOLERANCES
 from course.check.runner import CaseResult, Suspect
 
 import torch
@@ -48,6 +50,50 @@ def _cases(results: Sequence[CaseResult]) -> str:
 
 def _tagged(results: Sequence[CaseResult], tag: str) -> list[CaseResult]:
     return [r for r in results if tag in r.case.tags]
+
+
+def _common_factor(result: CaseResult) -> float | None:
+    """c when every example of the case's mismatches reads got = c * expected, to within
+    the rounding of the output's dtype; None otherwise (or with no example to read)."""
+    _, rtol = TOLERANCES.get(result.case.dtype, TOLERANCES[torch.float32])
+    ratios = []
+    for mismatch in result.mismatches:
+        if not mismatch.examples:  # rows off by a tiny common factor: not this pattern
+            return None
+        for _, want, got in mismatch.examples:
+            if not math.isfinite(got):
+                return None
+            if abs(want) > 1e-2:  # near zero, rounding swamps the ratio
+                ratios.append(got / want)
+    if not ratios or ratios[0] == 0:
+        return None
+    if any(abs(r / ratios[0] - 1) > 2 * rtol for r in ratios):
+        return None
+    return ratios[0]
+
+
+def _power_of_two_divisor(results: Sequence[CaseResult]) -> list[tuple[CaseResult, float, int]]:
+    """(case, factor, block) for every wrong case when each is the reference times one
+    factor sqrt(block / N), block a power of two other than N: the row's mean divided by
+    the block size instead of N. Empty when any wrong case does not fit. Cases with a
+    custom eps are left out: an eps that outweighs the mean square changes the factor."""
+    found = []
+    for result in results:
+        if "eps" in result.case.tags:
+            continue
+        factor = _common_factor(result)
+        if factor is None or factor <= 0:
+            return []
+        n = result.case.n
+        divisor = factor * factor * n
+        if divisor < 1:  # no block holds less than one column
+            return []
+        block = 2 ** round(math.log2(divisor))
+        _, rtol = TOLERANCES.get(result.case.dtype, TOLERANCES[torch.float32])
+        if block == n or abs(divisor / block - 1) > 4 * rtol + 1e-3:
+            return []
+        found.append((result, factor, block))
+    return found
 
 
 def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
@@ -114,6 +160,19 @@ def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
             parts.append("On a GPU, tl.sum keeps the input dtype: a bfloat16 sum of many "
                          "squares loses accuracy as N grows.")
         return "half", " ".join(parts)
+    # Before the wide and mask rules: a mean divided by BLOCK_N fails exactly where N is not
+    # the block size, the same cases a missing mask fails, but leaves each row a clean
+    # multiple of the right one.
+    divided_by_block = _power_of_two_divisor(wrong)
+    if divided_by_block:
+        seen = "; ".join(f"N = {r.case.n}: factor {factor:.4f} = sqrt({block} / {r.case.n})"
+                         for r, factor, block in divided_by_block[:3])
+        return "block_divisor", (
+            "Each wrong row is the expected row times one factor, sqrt(B / N) for a power of "
+            f"two B ({seen}): the sum of squares is divided by B, the block size, instead of "
+            "N, the row's length. Divide by n_cols, not BLOCK_N: the lanes past the end of the "
+            "row are padding (the mask loads them as 0.0), not data, so they add nothing to "
+            "the sum and must not count in the mean.")
     if all_wrong_have("wide") and right and not _tagged(right, "wide"):
         return "wide", (
             "Only rows longer than one block fail: the loop over column blocks loses part of "

@@ -3,7 +3,11 @@
 `beats_torch_compile(rmsnorm)` checks the learner's kernel for correctness at every shape,
 then times it and `torch.compile` of the eager reference (`course.baselines.eager_rmsnorm`)
 with `course.bench` (warm-up, median of many repetitions, inputs rotated through more
-memory than L2 holds). It passes when the kernel is at least as fast on every shape, within
+memory than L2 holds). The learner's calls are held to what the correctness checks allow,
+as in every speed check (`course.check.bandwidth`): one call at each shape runs watched
+before timing and one after (one launch, no PyTorch compute), every output kept from the
+timed calls is compared with the reference for its inputs, and a time faster than a copy
+of the bytes is refused. It passes when the kernel is at least as fast on every shape, within
 `tolerance` (the spread between runs of one kernel: near the copy bandwidth both kernels
 tie, and a tie should not fail by chance); a shape that loses is timed again, up to
 `retries` times, before the check fails. GPU only.
@@ -21,8 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from course import baselines, bench, reference, runtime, traffic
-from course.check.bandwidth import resolve_on_cpu, verify_outputs
+from course.check.bandwidth import CallSpec, check_watched_call, measure_checked, resolve_on_cpu
 from course.check.learner_facing import learner_facing
+from course.check.rmsnorm import RMSNORM_FORWARD
 from course.hardware import NeedsGPU
 
 import torch
@@ -109,7 +114,9 @@ def beats_torch_compile(fn: Callable, *, shapes: Sequence[tuple[int, int]] = DEF
                         tolerance: float = 0.02, on_cpu: str = "skip", quiet: bool = False
                         ) -> CompileComparison | None:
     """On a GPU: for each (M, N) in `shapes`, check `fn(x, weight, eps)` against the float64
-    reference, then time it and torch.compile of the eager reference. Pass when `fn` is at
+    reference and chapter 04's rules (one launch, no PyTorch compute), then time it and
+    torch.compile of the eager reference, checking every output kept from your timed calls
+    and refusing a time faster than a copy of the bytes. Pass when `fn` is at
     least as fast on every shape, within `tolerance` (0.02: up to 2 % slower counts as a
     tie); a losing shape is timed again, up to `retries` times. Raise AssertionError with
     the table otherwise; return the table.
@@ -132,34 +139,8 @@ def beats_torch_compile(fn: Callable, *, shapes: Sequence[tuple[int, int]] = DEF
     # dynamic shapes, which is slower than what it generates for a fixed one.
     torch._dynamo.reset()
     compiled = torch.compile(baselines.eager_rmsnorm, dynamic=False)
-    rows = []
-    for m, n in shapes:
-        label = f"{m}x{n}"
-        gen = torch.Generator().manual_seed(m * 31 + n)
-        x = torch.randn((m, n), generator=gen).to(dtype).to(runtime.DEVICE)
-        w = (torch.rand(n, generator=gen) + 0.5).to(dtype).to(runtime.DEVICE)
-        verify_outputs(f"rmsnorm {label}", ("y",), fn(x, w, 1e-6),
-                       (reference.rmsnorm(x, w, eps=1e-6),), (dtype,))
-        del x, w
-
-        def make_args(m=m, n=n):
-            return (torch.randn((m, n), dtype=dtype, device=runtime.DEVICE),
-                    torch.rand(n, dtype=dtype, device=runtime.DEVICE) + 0.5, 1e-6)
-
-        nbytes = traffic.fused_rmsnorm(m, n, dtype).bytes
-        best = None
-        for attempt in range(1, max(1, retries) + 1):
-            yours = bench.measure(f"yours {label}", fn, make_args, nbytes, reps=reps,
-                                  hide_launch=True)
-            theirs = bench.measure(f"torch.compile {label}", compiled, make_args, nbytes,
-                                   reps=reps, hide_launch=True)
-            timing = ShapeTiming((m, n), yours, theirs, attempt, tolerance)
-            if best is None or timing.speedup > best.speedup:
-                best = timing
-            if timing.passed:
-                break
-        rows.append(replace(best, attempts=attempt))  # the best attempt, and how many ran
-    result = CompileComparison(dtype, tuple(rows))
+    result = compare_with_compiled(fn, compiled, shapes, dtype=dtype, retries=retries, reps=reps,
+                                   tolerance=tolerance)
     if not result.passed:
         slower = ", ".join(f"{r.shape[0]}x{r.shape[1]}" for r in result.rows if not r.passed)
         raise AssertionError(
@@ -170,3 +151,46 @@ def beats_torch_compile(fn: Callable, *, shapes: Sequence[tuple[int, int]] = DEF
     if not quiet:
         print(result)
     return result
+
+
+def rmsnorm_spec(dtype: torch.dtype) -> CallSpec:
+    """What a call `fn(x, weight, eps)` must return and may do: chapter 04's rules."""
+    return CallSpec(("y",), lambda x, w, eps: reference.rmsnorm(x, w, eps=eps), (dtype,),
+                    max_launches=RMSNORM_FORWARD.max_launches, arg_names=("x", "weight", "eps"))
+
+
+def compare_with_compiled(fn: Callable, compiled: Callable, shapes: Sequence[tuple[int, int]],
+                          *, dtype: torch.dtype, retries: int, reps: int, tolerance: float
+                          ) -> CompileComparison:
+    """The table of `beats_torch_compile`, once a GPU is known to be there (tests run it
+    with a fake timer): for each shape, a watched call checked against the reference, the
+    timed attempts (each output kept from your calls checked, impossible speeds refused), a
+    watched call again. Raises AssertionError when your calls break the rules."""
+    spec = rmsnorm_spec(dtype)
+    rows = []
+    for m, n in shapes:
+        label = f"{m}x{n}"
+        gen = torch.Generator().manual_seed(m * 31 + n)
+        x = torch.randn((m, n), generator=gen).to(dtype).to(runtime.DEVICE)
+        w = (torch.rand(n, generator=gen) + 0.5).to(dtype).to(runtime.DEVICE)
+        check_watched_call(f"rmsnorm {label}", fn, (x, w, 1e-6), spec, when="before")
+        del x, w
+
+        def make_args(m=m, n=n):
+            return (torch.randn((m, n), dtype=dtype, device=runtime.DEVICE),
+                    torch.rand(n, dtype=dtype, device=runtime.DEVICE) + 0.5, 1e-6)
+
+        nbytes = traffic.fused_rmsnorm(m, n, dtype).bytes
+        best = None
+        for attempt in range(1, max(1, retries) + 1):
+            yours = measure_checked(f"yours {label}", fn, make_args, nbytes, spec, reps=reps)
+            theirs = bench.measure(f"torch.compile {label}", compiled, make_args, nbytes,
+                                   reps=reps, hide_launch=True)
+            timing = ShapeTiming((m, n), yours, theirs, attempt, tolerance)
+            if best is None or timing.speedup > best.speedup:
+                best = timing
+            if timing.passed:
+                break
+        check_watched_call(f"rmsnorm {label}", fn, make_args(), spec, when="after")
+        rows.append(replace(best, attempts=attempt))  # the best attempt, and how many ran
+    return CompileComparison(dtype, tuple(rows))

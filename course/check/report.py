@@ -35,7 +35,9 @@ class Report:
                 detail = "; ".join(parts)
             else:
                 verdict = "ok"
-                detail = f"{len(r.launches)} launch" + ("es" if len(r.launches) != 1 else "")
+                # Exercises in plain PyTorch launch nothing: no count to show.
+                detail = (f"{len(r.launches)} launch" + ("es" if len(r.launches) != 1 else "")
+                          if r.launches else "")
             out.append((r.case.label(), verdict, detail))
         return out
 

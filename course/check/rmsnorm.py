@@ -1,7 +1,10 @@
 """Checkers for the RMSNorm exercises.
 
 The learner writes `rmsnorm(x, weight, eps=1e-6) -> y`: y = x / sqrt(mean(x^2) + eps) * weight
-over the last dimension of an input of any shape, y in x's dtype.
+over the last dimension of an input of any shape, y in x's dtype. A wrong output is also
+compared with the answers of common mistakes (SUSPECTS: no weight, a sum for the mean, eps
+outside the square root, a statistic over the wrong dimension, a division by the padded
+block), so that the message names the bug.
 """
 
 from __future__ import annotations
@@ -10,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from course import reference, runtime, traffic
-from course.check.bandwidth import BandwidthResult, check_bandwidth
+from course.check.bandwidth import BandwidthResult, CallSpec, check_bandwidth
 from course.check.cases import Case, row_shape_cases
-from course.check.compare import compare
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
-from course.check.runner import Exercise
+from course.check.runner import Exercise, Suspect, Tensors
 from course.check.suite import check_and_raise
 
 import torch
@@ -59,6 +61,88 @@ def _expected(t: dict[str, torch.Tensor], case: Case):
     return (reference.rmsnorm(t["x"], t["weight"], eps=case.eps),)
 
 
+# ------------------------------------------------------------------ known wrong answers
+# Each computes, in float64, what a common mistake returns, so that a failing output that
+# matches one is named for its bug instead of described by its numbers.
+
+
+def _wrong_rmsnorm(t: Tensors, case: Case, mean_square: torch.Tensor, *,
+                   eps_outside: bool = False, weighted: bool = True) -> torch.Tensor:
+    """x / sqrt(mean_square + eps) * weight with one of the statistics or steps wrong."""
+    x64 = t["x"].to(torch.float64)
+    if eps_outside:
+        scale = 1.0 / (mean_square.sqrt() + case.eps)
+    else:
+        scale = torch.rsqrt(mean_square + case.eps)
+    y = x64 * scale
+    return y * t["weight"].to(torch.float64) if weighted else y
+
+
+def _squares(t: Tensors) -> torch.Tensor:
+    return t["x"].to(torch.float64).square()
+
+
+def _without_weight(t: Tensors, case: Case) -> torch.Tensor:
+    return _wrong_rmsnorm(t, case, _squares(t).mean(dim=-1, keepdim=True), weighted=False)
+
+
+def _sum_not_mean(t: Tensors, case: Case) -> torch.Tensor:
+    return _wrong_rmsnorm(t, case, _squares(t).sum(dim=-1, keepdim=True))
+
+
+def _eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
+    return _wrong_rmsnorm(t, case, _squares(t).mean(dim=-1, keepdim=True), eps_outside=True)
+
+
+def _mean_down_columns(t: Tensors, case: Case) -> torch.Tensor:
+    # Every leading dimension flattened into rows, then the mean taken across the rows.
+    squares = _squares(t)
+    per_column = squares.reshape(-1, case.n).mean(dim=0)
+    return _wrong_rmsnorm(t, case, per_column.expand_as(squares))
+
+
+def _mean_over_everything(t: Tensors, case: Case) -> torch.Tensor:
+    squares = _squares(t)
+    return _wrong_rmsnorm(t, case, squares.mean().expand_as(squares))
+
+
+def _divided_by_block(t: Tensors, case: Case) -> torch.Tensor | None:
+    block = 1 << (case.n - 1).bit_length()  # triton.next_power_of_2(N)
+    if block == case.n:
+        return None  # then the block is the row and the answer is right
+    return _wrong_rmsnorm(t, case, _squares(t).sum(dim=-1, keepdim=True) / block)
+
+
+SUSPECTS = (
+    Suspect("weight_not_applied", "y",
+            "y lacks the weight: RMSNorm's output is x * rstd * weight, one weight per column. "
+            "Multiply by the weight before converting y to x's dtype (in a kernel, load it with "
+            "the same column offsets and mask as x).",
+            expected=_without_weight),
+    Suspect("sum_instead_of_mean", "y",
+            "y is about sqrt(N) times too small: rstd is computed from the *sum* of the "
+            "squares. RMSNorm uses their mean: divide the sum of squares by N (the row length) "
+            "before adding eps and taking the square root.", expected=_sum_not_mean),
+    Suspect("eps_outside_sqrt", "y",
+            "eps is added outside the square root: you divide by sqrt(mean(x^2)) + eps. "
+            "RMSNorm adds it inside, rstd = 1 / sqrt(mean(x^2) + eps). With the default eps "
+            "the two barely differ, so only rows with a small mean square or a larger eps "
+            "show it.", expected=_eps_outside_sqrt),
+    Suspect("mean_down_columns", "y",
+            "The mean of squares is taken down each column, across the rows (dim 0), not "
+            "along each row: every row needs its own statistic over its N values, the last "
+            "dimension (in PyTorch, .mean(dim=-1, keepdim=True)).", expected=_mean_down_columns),
+    Suspect("mean_over_everything", "y",
+            "One mean of squares for the whole tensor: the mean is taken over every element "
+            "(a .mean() without dim?), so all rows share one rstd. Each row needs its own, over "
+            "the last dimension: .mean(dim=-1, keepdim=True).", expected=_mean_over_everything),
+    Suspect("divided_by_block", "y",
+            "The sum of squares is divided by BLOCK_N, the padded block size, instead of N: "
+            "rows whose length is a power of two pass, the others come out sqrt(BLOCK_N / N) "
+            "times too large. The masked lanes add zeros to the sum but are not elements of "
+            "the row: divide by n_cols.", expected=_divided_by_block),
+)
+
 RMSNORM_FORWARD = Exercise(
     name="rmsnorm_forward",
     signature="rmsnorm(x, weight, eps=1e-6) -> y",
@@ -68,6 +152,7 @@ RMSNORM_FORWARD = Exercise(
     expected=_expected,
     output_names=("y",),
     max_launches=1,
+    suspects=SUSPECTS,
 )
 
 
@@ -88,26 +173,22 @@ def rmsnorm_forward_bandwidth(fn: Callable, *, target: float = 0.75,
                               dtype: torch.dtype | None = None, retries: int = 3,
                               on_cpu: str = "skip") -> BandwidthResult | None:
     """On a GPU: check the output at `shape` against the reference, then require `target` of
-    the copy bandwidth (ideal bytes: read x and the weight once, write y once)."""
+    the copy bandwidth (ideal bytes: read x and the weight once, write y once). Every call is
+    held to the correctness checks' rules and every timed output checked (`check_bandwidth`)."""
     if dtype is None:
         dtype = bf16 if runtime.supports_bf16() else f16
     m, n = shape
     label = f"rmsnorm {m}x{n} {str(dtype).replace('torch.', '')}"
-    if runtime.on_gpu():
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(shape, generator=gen).to(dtype).to(runtime.DEVICE)
-        w = (torch.rand(n, generator=gen) + 0.5).to(dtype).to(runtime.DEVICE)
-        mismatch = compare("y", fn(x, w, eps=1e-6), reference.rmsnorm(x, w, eps=1e-6), dtype)
-        if mismatch is not None:
-            raise AssertionError(f"{label}: wrong output at the timing shape, so it is not "
-                                 f"timed.\n{mismatch.describe()}")
 
     def make_args():
         return (torch.randn(shape, dtype=dtype, device=runtime.DEVICE),
                 torch.rand(n, dtype=dtype, device=runtime.DEVICE) + 0.5)
 
+    spec = CallSpec(("y",), lambda x, w: reference.rmsnorm(x, w, eps=1e-6), (dtype,),
+                    max_launches=RMSNORM_FORWARD.max_launches, arg_names=("x", "weight"))
     nbytes = traffic.fused_rmsnorm(m, n, dtype).bytes
-    return check_bandwidth(label, fn, make_args, nbytes, target=target, retries=retries,
+    return check_bandwidth(label, fn, make_args, nbytes, spec=spec, target=target,
+                           retries=retries,
                            on_cpu=on_cpu, advice="A fused kernel reads each row once: keep the "
                            "row in registers, BLOCK_N = next_power_of_2(N), and choose "
                            "num_warps by block size (8 or 16 for N of several thousand).")

@@ -12,14 +12,20 @@ so a mistake in the first two does not spill over), on several shapes and dtypes
 ones among them. A wrong answer is compared with the mistakes learners make (x counted
 twice, elements instead of bytes, an inverted ratio, seconds for microseconds, ...) and
 the message names the one that fits every case.
+
+The exercise asks for plain arithmetic, so a function that calls into `course.traffic`
+(the model the check compares against) fails whatever it returns: every call is made under
+a profile hook that notes any function of that module running inside it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from numbers import Real
 
 from course import traffic
@@ -129,16 +135,49 @@ class _Call:
     want: float
     got: object = None
     error: str | None = None
+    traffic_used: tuple[str, ...] = field(default=())  # course.traffic functions it ran
 
 
-def _cases(seed: int) -> list[tuple[int, int, torch.dtype, float]]:
+ExtraCase = tuple[int, int, traffic.DTypeLike, float]  # M, N, dtype, bytes per second
+
+
+def _cases(seed: int, extra: Sequence[ExtraCase] = ()) -> list[tuple[int, int, torch.dtype,
+                                                                     float]]:
     rng = random.Random(seed)
     cases = [(m, n, d, _BANDWIDTHS[i % len(_BANDWIDTHS)]) for i, (m, n, d) in enumerate(_FIXED)]
     for _ in range(2):  # fresh odd sizes every run, so no table of answers passes
         cases.append((rng.randrange(1, 40000) | 1, rng.randrange(1, 20000) | 1,
                       rng.choice((torch.float32, torch.float16, torch.bfloat16)),
                       rng.uniform(2e11, 5e12)))
+    for m, n, dtype, bandwidth in extra:
+        traffic.fused_rmsnorm(m, n, dtype)  # raises a clear ValueError for a bad shape
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, Real) or not bandwidth > 0:
+            raise ValueError(f"an extra case's bandwidth must be a positive number of bytes "
+                             f"per second, got {bandwidth!r}")
+        cases.append((m, n, traffic.as_torch_dtype(dtype), float(bandwidth)))
     return cases
+
+
+@contextlib.contextmanager
+def _traffic_calls() -> Iterator[list[str]]:
+    """The course.traffic functions that the body calls (not those they call in turn)."""
+    called: list[str] = []
+    previous = sys.getprofile()
+
+    def in_traffic(frame) -> bool:
+        return frame is not None and frame.f_globals.get("__name__") == traffic.__name__
+
+    def profile(frame, event, arg):
+        if event == "call" and in_traffic(frame) and not in_traffic(frame.f_back):
+            called.append(frame.f_code.co_name)
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(profile)
+    try:
+        yield called
+    finally:
+        sys.setprofile(previous)
 
 
 def _calls(m: int, n: int, dtype: torch.dtype, bandwidth: float) -> dict[str, _Call]:
@@ -157,11 +196,15 @@ def _calls(m: int, n: int, dtype: torch.dtype, bandwidth: float) -> dict[str, _C
 def _run(fn: Callable, call: _Call, function: _Function) -> str | None:
     """What is wrong with one call, or None when it is right."""
     try:
-        got = fn(*call.args)
+        with _traffic_calls() as called:
+            got = fn(*call.args)
     except Exception as exc:  # the learner's code: reported, not raised
         call.error = f"{type(exc).__name__}: {exc}"
         return f"raised {call.error}"
     call.got = got
+    call.traffic_used = tuple(dict.fromkeys(called))
+    if call.traffic_used:
+        return f"called course.traffic ({', '.join(call.traffic_used)})"
     if isinstance(got, bool) or not isinstance(got, Real):
         return f"returned {got!r} ({type(got).__name__}), not a number"
     if not math.isfinite(float(got)):
@@ -172,6 +215,11 @@ def _run(fn: Callable, call: _Call, function: _Function) -> str | None:
 
 
 def _diagnose(function: _Function, calls: list[_Call]) -> str:
+    used = list(dict.fromkeys(name for c in calls for name in c.traffic_used))
+    if used:
+        return (f"it calls course.traffic ({', '.join(used)}), the model this check compares "
+                "against. Write the arithmetic yourself, in plain Python, from the counts in "
+                "the text")
     answered = [c for c in calls if c.error is None and isinstance(c.got, Real)
                 and not isinstance(c.got, bool) and math.isfinite(float(c.got))]
     if not answered:
@@ -197,10 +245,14 @@ def roofline_functions(fused_rmsnorm_bytes: Callable[[int, int, int], int],
                        rmsnorm_flops: Callable[[int, int], int],
                        arithmetic_intensity: Callable[[float, float], float],
                        time_floor_us: Callable[[float, float], float], *,
-                       seed: int | None = None, quiet: bool = False) -> Report:
+                       seed: int | None = None, quiet: bool = False,
+                       extra_cases: Sequence[ExtraCase] = ()) -> Report:
     """Check chapter 02's four roofline functions against `course.traffic`; raise
-    AssertionError naming each wrong function and its likely mistake, return the report
-    (printed unless quiet) when all four are right."""
+    AssertionError naming each wrong function and its likely mistake (or its use of
+    course.traffic), return the report (printed unless quiet) when all four are right.
+
+    `extra_cases` adds (M, N, dtype, bytes per second) cases to the fixed and random ones.
+    """
     fns = dict(zip([f.name for f in _FUNCTIONS],
                    (fused_rmsnorm_bytes, rmsnorm_flops, arithmetic_intensity, time_floor_us),
                    strict=True))
@@ -211,7 +263,7 @@ def roofline_functions(fused_rmsnorm_bytes: Callable[[int, int, int], int],
     results: list[CaseResult] = []
     calls: dict[str, list[_Call]] = {f.name: [] for f in _FUNCTIONS}
     notes: list[str] = []
-    for index, (m, n, dtype, bandwidth) in enumerate(_cases(seed)):
+    for index, (m, n, dtype, bandwidth) in enumerate(_cases(seed, extra_cases)):
         case = Case(f"case {index + 1}", (m, n), dtype)
         findings = []
         for function, call in zip(_FUNCTIONS, _calls(m, n, dtype, bandwidth).values(),

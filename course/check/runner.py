@@ -11,7 +11,7 @@ from pathlib import Path
 from course import runtime
 from course.check import sandbox
 from course.check.cases import Case
-from course.check.compare import Mismatch, compare
+from course.check.compare import Mismatch, compare, layout_problem
 from course.check.inputs import GuardedInput
 
 import torch
@@ -73,6 +73,13 @@ class Exercise:
             return tuple(self.dtypes(case))
         return (case.dtype,) * len(self.output_names)
 
+    def layout_problem(self, name: str, got: object, want: torch.Tensor,
+                       dtype: torch.dtype) -> str | None:
+        """What keeps `got` from being compared (a wrong type, shape, dtype or device)."""
+        if name in self.dtype_reasons:
+            return layout_problem(name, got, want, dtype, self.dtype_reasons[name])
+        return layout_problem(name, got, want, dtype)
+
     def compare(self, name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype,
                 inputs: Tensors, case: Case) -> Mismatch | None:
         extra = self.extra_atol(name, inputs, case) if self.extra_atol is not None else None
@@ -100,6 +107,8 @@ class CaseResult:
     copies: tuple[str, ...] = ()
     outputs: tuple[torch.Tensor, ...] = field(default=(), repr=False)
     hints: tuple[tuple[str, str], ...] = ()  # (suspect name, detail) for matched suspects
+    warnings: tuple[str, ...] = ()  # Python warnings raised during the call
+    expected: tuple[torch.Tensor, ...] = field(default=(), repr=False)  # float64 answers
 
     @property
     def passed(self) -> bool:
@@ -137,12 +146,42 @@ def explain_error(exc: BaseException) -> tuple[str, bool]:
     return text + _learner_frame(exc), fatal
 
 
-def _normalise_outputs(out: object, n: int, signature: str) -> tuple[torch.Tensor, ...]:
+def _output_count_problem(out: object, n: int, signature: str) -> str | None:
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    if len(outs) != n:
-        raise AssertionError(f"your function returned {len(outs)} value(s), expected {n}: "
-                             f"{signature}")
-    return tuple(outs)
+    if len(outs) == n:
+        return None
+    return f"your function returned {len(outs)} value(s), expected {n}: {signature}"
+
+
+def _as_outputs(out: object) -> tuple[object, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+# Advice for the findings this module makes that course.check.diagnose has no text for;
+# an exercise's own advice still takes precedence (see suite.run_exercise).
+ADVICE = {
+    "course_kernel": (
+        "Your function launched one of the course's own kernels (from solutions/ or course/). "
+        "The exercise asks you to write the kernel: define it with @triton.jit in your "
+        "notebook and launch that one."),
+    "output_unchanged": (
+        "The tensor you return reached your kernel already holding its final values: no "
+        "launch changed it. Its values were computed some other way (NumPy, another thread, "
+        "PyTorch with interception switched off) and the kernel only received it. Allocate "
+        "the output with torch.empty_like(x), let your kernel compute and store every "
+        "element, and return that tensor."),
+    "output_layout": (
+        "What your function returns has the wrong form (type, shape, dtype or device), so its "
+        "values could not be compared."),
+    "output_count": (
+        "Your function returns the wrong number of values: return exactly what the "
+        "exercise's signature says, in that order."),
+    "state_between_calls": (
+        "Wrong when called again: state carried between calls (a cached workspace not "
+        "cleared, an output buffer reused). Each call must start from nothing the previous "
+        "call left behind: allocate the outputs afresh every call, and zero (or fully "
+        "overwrite) any workspace you keep between calls before accumulating into it."),
+}
 
 
 def _launch_findings(record: sandbox.CallRecord, exercise: Exercise) -> list[Finding]:
@@ -194,15 +233,30 @@ def memory_findings(record: sandbox.CallRecord, inputs: Inputs) -> list[Finding]
 
 
 def _provenance_findings(record: sandbox.CallRecord, names: tuple[str, ...],
-                         outputs: tuple[torch.Tensor, ...]) -> list[Finding]:
-    """An output the kernel never received was computed some other way (NumPy, say)."""
+                         outputs: tuple[object, ...]) -> list[Finding]:
+    """An output no launch produced was computed some other way (NumPy, say): either no
+    kernel ever received it, or the kernels that did left it as it was."""
     if not record.launches:
         return []  # already reported as no launch at all
-    return [Finding("output_not_from_kernel",
-                    f"returned `{name}` in a tensor that was never passed to a Triton kernel")
-            for name, out in zip(names, outputs, strict=True)
-            if isinstance(out, torch.Tensor)
-            and out.untyped_storage().data_ptr() not in record.launched_storages]
+    findings = []
+    for name, out in zip(names, outputs, strict=True):
+        if not isinstance(out, torch.Tensor):
+            continue
+        if not record.passed_to_launch(out):
+            findings.append(Finding(
+                "output_not_from_kernel",
+                f"returned `{name}` in a tensor that was never passed to a Triton kernel"))
+        elif not record.changed_by_launch(out) and not sandbox.is_poison(out):
+            # All poison is a kernel that stores nothing: the values' advice says so.
+            findings.append(Finding(
+                "output_unchanged",
+                f"returned `{name}` holding values it already had when your kernels received "
+                "it: no launch changed a single element"))
+    return findings
+
+
+def course_kernel_findings(record: sandbox.CallRecord) -> list[Finding]:
+    return [Finding("course_kernel", text) for text in dict.fromkeys(record.course_kernels)]
 
 
 def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator) -> CaseResult:
@@ -210,16 +264,27 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator)
     views = {name: g.tensor for name, g in inputs.items()}
     originals = {name: v.clone() for name, v in views.items()}  # in case the call writes them
     runtime.synchronize()
+    record = None
     try:
         with sandbox.watch() as record:
             raw = exercise.call(fn, views, case)
         runtime.synchronize()  # asynchronous GPU faults surface here, inside the try
     except Exception as exc:  # the learner's code (its own asserts too) becomes a report line
+        warned = tuple(record.warnings) if record is not None else ()
+        if record is not None and record.course_kernels:
+            return CaseResult(case, findings=tuple(course_kernel_findings(record)),
+                              warnings=warned)
         text, fatal = explain_error(exc)
-        return CaseResult(case, error=text, fatal=fatal)
-    outputs = _normalise_outputs(raw, len(exercise.output_names), exercise.signature)
+        return CaseResult(case, error=text, fatal=fatal, warnings=warned)
+    warned = tuple(record.warnings)
+    count_problem = _output_count_problem(raw, len(exercise.output_names), exercise.signature)
+    if count_problem is not None:
+        return CaseResult(case, findings=(Finding("output_count", count_problem),),
+                          launches=tuple(record.launches), warnings=warned)
+    outputs = _as_outputs(raw)
 
-    findings = _launch_findings(record, exercise) + memory_findings(record, inputs)
+    findings = course_kernel_findings(record)
+    findings += _launch_findings(record, exercise) + memory_findings(record, inputs)
     if exercise.inspect is not None:
         findings += exercise.inspect(record, case)
     if not exercise.torch_ops_allowed:  # computing with torch is the plain-PyTorch exercise
@@ -227,16 +292,21 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator)
 
     expected = exercise.expected(originals, case)
     mismatches = []
+    comparable = {}
     for name, got, want, dtype in zip(exercise.output_names, outputs, expected,
                                       exercise.output_dtypes(case), strict=True):
+        problem = exercise.layout_problem(name, got, want, dtype)
+        if problem is not None:
+            findings.append(Finding("output_layout", problem, name))
+            continue
+        comparable[name] = got
         m = exercise.compare(name, got, want, dtype, originals, case)
         if m is not None:
             mismatches.append(m)
-    hints = suspect_hints(exercise, originals, case,
-                          dict(zip(exercise.output_names, outputs, strict=True)),
-                          {m.name for m in mismatches})
+    hints = suspect_hints(exercise, originals, case, comparable, {m.name for m in mismatches})
     return CaseResult(case, tuple(mismatches), tuple(findings), launches=tuple(record.launches),
-                      copies=tuple(str(c) for c in record.copies), outputs=outputs, hints=hints)
+                      copies=tuple(str(c) for c in record.copies), outputs=outputs, hints=hints,
+                      warnings=warned, expected=tuple(expected))
 
 
 def suspect_hints(exercise: Exercise, inputs: Tensors, case: Case,
@@ -260,24 +330,64 @@ def suspect_hints(exercise: Exercise, inputs: Tensors, case: Case,
     return tuple(hints)
 
 
-def probe_caching(exercise: Exercise, fn: Callable, case: Case, seed: int) -> Finding | None:
-    """Call twice with different inputs of one shape: the second answer must be the second
-    input's, not the first's (a wrapper that memoises results by shape fails here)."""
+def _same_values(a: object, b: object) -> bool:
+    """The same values exactly, NaN equal to NaN (poison the call left alone stays equal)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return a is b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
+    return torch.equal(a, b)
+
+
+def _answers(exercise: Exercise, result: CaseResult, earlier: CaseResult) -> bool:
+    """Whether `result`'s outputs are the answers to `earlier`'s inputs (a memoised result)."""
+    n = len(exercise.output_names)
+    if len(earlier.expected) != n or len(result.outputs) != n:
+        return False
+    for name, got, want, dtype in zip(exercise.output_names, result.outputs, earlier.expected,
+                                      exercise.output_dtypes(result.case), strict=True):
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            return False
+        if compare(name, got, want, dtype) is not None:
+            return False
+    return True
+
+
+def probe_caching(exercise: Exercise, fn: Callable, passed: CaseResult,
+                  seed: int) -> tuple[Finding, ...]:
+    """Call twice more with new inputs of a shape that passed: both answers must be right,
+    and the first must still be there after the second call. A wrapper that memoises
+    results by shape, keeps a workspace it does not clear, or hands back one output buffer
+    per shape fails here."""
+    case = passed.case
     first = run_case(exercise, fn, case, torch.Generator().manual_seed(seed + 101))
-    if first.error or not first.outputs:
-        return None
+    kept = tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o
+                 for o in first.outputs)
     second = run_case(exercise, fn, case, torch.Generator().manual_seed(seed + 202))
-    if second.error or not second.mismatches:
-        return None  # an error here is reported by the main cases
-    same_as_before = all(isinstance(o, torch.Tensor) and isinstance(p, torch.Tensor)
-                         and compare(n, o, p.to(torch.float64), d) is None
-                         for n, o, p, d in zip(exercise.output_names, second.outputs,
-                                               first.outputs, exercise.output_dtypes(case),
-                                               strict=True))
-    if same_as_before:
-        return Finding("cached", "returned the result of an earlier call when called again "
-                       "with new inputs of the same shape")
-    return None
+    for when, result, earlier in (("again", first, passed), ("a third time", second, first)):
+        again = f"called {when} with new inputs of the same shape as {case.label()}"
+        if result.error:
+            return (Finding("state_between_calls", f"{again}, which passed, it raised "
+                            f"{result.error.splitlines()[0]}"),)
+        if result.mismatches and _answers(exercise, result, earlier):
+            return (Finding("cached", "returned the result of an earlier call when called "
+                            "again with new inputs of the same shape"),)
+        if result.mismatches:
+            wrong = ", ".join(m.name for m in result.mismatches)
+            return (Finding("state_between_calls", f"{again}, which passed, it returned a "
+                            f"wrong {wrong}:\n{result.mismatches[0].describe()}"),)
+    overwritten = [name for name, before, now in zip(exercise.output_names, kept,
+                                                     first.outputs, strict=False)
+                   if not _same_values(before, now)]
+    if overwritten:
+        return (Finding(
+            "state_between_calls",
+            f"called twice with new inputs of the same shape as {case.label()}, the second "
+            f"call changed the {', '.join(f'`{n}`' for n in overwritten)} that the first "
+            "call had returned: both calls return the same memory"),)
+    return ()
 
 
 def fresh_seed() -> int:

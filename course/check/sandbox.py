@@ -1,31 +1,48 @@
 """Watching one call of a learner's wrapper: what it launched, what torch ops it ran,
-and what memory it was handed.
+what the launches changed, and what memory it was handed.
 
 While a call runs inside `watch()`:
 
-- every Triton launch (`kernel[grid](...)`) is counted, by name, and launches that ran
-  atomics are noted (the interpreter's atomic operations are watched as they run; on a
-  GPU the compiled kernel's IR is read, so an atomic in a branch a constexpr removed does
-  not count);
+- every Triton launch is counted, by name, at the one step every way of launching ends
+  in (`JITFunction.run` on a GPU, `InterpretedFunction.run` in the interpreter), so
+  `kernel[grid](...)`, `kernel.run(..., grid=..., warmup=False)` and launches through
+  `@triton.autotune` or `@triton.heuristics` all count. Launches that ran atomics are
+  noted (the interpreter's atomic operations are watched as they run; on a GPU the
+  compiled kernel's IR is read, so an atomic in a branch a constexpr removed does not
+  count). A launch of a kernel the course ships (defined in `solutions.*` or `course.*`)
+  is refused: the exercises ask for the learner's own kernel;
 - every torch op the wrapper runs is seen through a TorchDispatchMode. Allocations,
   views, fills and copies are allowed (copies are noted, since they cost bandwidth);
   anything that computes (mul, pow, mean, rms_norm, ...) is recorded as a violation,
-  with the line of the learner's code that ran it;
+  with the line of the learner's code that ran it. Autotuner pre-hooks, heuristics
+  functions and pre-run hooks are the learner's code too, and are watched the same way;
+- every tensor passed to a launch is snapshotted just before it, and the bytes the launch
+  changed are recorded, so a checker can tell an output a kernel wrote from one that was
+  already final when it reached a kernel (computed with NumPy, in another thread, or with
+  dispatch modes disabled, then handed to a kernel that leaves it alone);
 - every tensor the wrapper allocates is *poisoned*: filled with NaN and placed inside a
   larger buffer whose margins are poisoned too. A kernel that never writes its output
   returns NaN instead of whatever an earlier call left in recycled memory (PyTorch's
   caching allocator hands freed blocks back with their contents intact), and a kernel
   that writes past either end of its output lands in the margins, where we see it
-  instead of corrupting a neighbour or crashing the process.
+  instead of corrupting a neighbour or crashing the process;
+- Python warnings are collected instead of printed: under nbgrader, anything a graded
+  cell writes to stderr costs the cell its points.
 
-Ops that Triton itself runs during a launch (the interpreter copies arguments to and
-from the host) are not the learner's: interception pauses inside a launch.
+Ops that Triton itself runs inside the launch step (the interpreter copies arguments to
+and from the host) and while the autotuner times its configurations are not the
+learner's: interception pauses there, and only there, and only in the thread that
+launches (a launch in a helper thread opens no window for the wrapper's own ops). A
+configuration's pre-hook also runs, unwatched, while it is timed, but the chosen one runs
+again before the real launch, watched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import traceback
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,9 +81,7 @@ def _learner_site() -> str:
         if any(s in path for s in _SKIP_FRAMES) or Path(path).resolve().parent == _HERE:
             continue
         code = f": {frame.line.strip()}" if frame.line else ""
-        # Jupyter compiles each cell to a temporary file named after a hash.
-        place = "a notebook cell" if "ipykernel_" in path else Path(path).name
-        return f"{place}, line {frame.lineno}{code}"
+        return f"{_place(path, frame.lineno)}{code}"
     return "unknown location"
 
 
@@ -134,6 +149,30 @@ def _span(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return 1 + sum((s - 1) * abs(st) for s, st in zip(size, stride, strict=True))
 
 
+def is_poison(t: torch.Tensor) -> bool:
+    """Whether every element of `t` still holds the poison fresh allocations are filled with
+    (a tensor no kernel wrote)."""
+    return t.numel() > 0 and bool(_is_poison(t.detach()).all())
+
+
+def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """The bytes of a whole storage, as a uint8 tensor sharing its memory."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
+        storage, 0, (storage.nbytes(),), (1,))
+
+
+def _tensors_in(values: object) -> Iterator[torch.Tensor]:
+    """The tensors among a launch's arguments: plain, reinterpreted (triton.reinterpret
+    wraps a tensor in an object with .base), or inside a tuple or list."""
+    if isinstance(values, torch.Tensor):
+        yield values
+    elif isinstance(values, (tuple, list)):
+        for value in values:
+            yield from _tensors_in(value)
+    elif isinstance(getattr(values, "base", None), torch.Tensor):
+        yield values.base
+
+
 @dataclass
 class CallRecord:
     """What one call did."""
@@ -141,11 +180,37 @@ class CallRecord:
     launches: list[str] = field(default_factory=list)
     atomic_kernels: list[str] = field(default_factory=list)  # launched kernels using atomics
     launched_storages: set[int] = field(default_factory=set)  # storages passed to kernels
+    # Storage address -> (the storage, kept alive so that its address is not reused during
+    # the call; a mask of its bytes that some launch changed).
+    changed_bytes: dict[int, tuple[torch.UntypedStorage, torch.Tensor]] = field(
+        default_factory=dict, repr=False)
+    course_kernels: list[str] = field(default_factory=list)  # refused launches (see watch)
     forbidden_ops: list[OpUse] = field(default_factory=list)
     copies: list[OpUse] = field(default_factory=list)
     allocations: list[PoisonedAllocation] = field(default_factory=list)
-    _in_launch: int = 0
+    warnings: list[str] = field(default_factory=list)  # "Category: message (place)"
+    track_changes: bool = True
     _atomic_ran: bool = False
+    # Per thread: a launch in one thread must not pause interception in another.
+    _thread: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def _in_launch(self) -> int:
+        """How deep this thread is inside launch steps (interception pauses when > 0)."""
+        return getattr(self._thread, "in_launch", 0)
+
+    @_in_launch.setter
+    def _in_launch(self, depth: int) -> None:
+        self._thread.in_launch = depth
+
+    @property
+    def _timing(self) -> int:
+        """How deep this thread is inside the autotuner's timing of its configurations."""
+        return getattr(self._thread, "timing", 0)
+
+    @_timing.setter
+    def _timing(self, depth: int) -> None:
+        self._thread.timing = depth
 
     def margin_writes(self) -> list[tuple[PoisonedAllocation, int, int]]:
         hits = []
@@ -154,6 +219,43 @@ class CallRecord:
             if before or after:
                 hits.append((alloc, before, after))
         return hits
+
+    def passed_to_launch(self, t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() in self.launched_storages
+
+    def changed_by_launch(self, t: torch.Tensor) -> bool:
+        """Whether some launch changed at least one byte of the memory `t` covers (always
+        True when changes were not tracked, or `t` is empty)."""
+        if not self.track_changes or t.numel() == 0:
+            return True
+        entry = self.changed_bytes.get(t.untyped_storage().data_ptr())
+        if entry is None:
+            return False
+        mask = entry[1]
+        start = t.storage_offset() * t.element_size()
+        stop = start + _span(tuple(t.shape), tuple(t.stride())) * t.element_size()
+        return bool(mask[start:stop].any())
+
+    def _snapshot(self, args: tuple, kwargs: dict) -> list[tuple[torch.UntypedStorage,
+                                                                  torch.Tensor]]:
+        """Copies of the storages of every tensor among the arguments (call while paused)."""
+        seen: dict[int, tuple[torch.UntypedStorage, torch.Tensor]] = {}
+        for t in _tensors_in((args, tuple(kwargs.values()))):
+            storage = t.untyped_storage()
+            self.launched_storages.add(storage.data_ptr())
+            if self.track_changes and storage.nbytes() and storage.data_ptr() not in seen:
+                seen[storage.data_ptr()] = (storage, _storage_bytes(storage).clone())
+        return list(seen.values())
+
+    def _note_changes(self, snapshots: list[tuple[torch.UntypedStorage, torch.Tensor]]
+                      ) -> None:
+        """Record which bytes differ from the snapshots (call while paused)."""
+        for storage, before in snapshots:
+            changed = _storage_bytes(storage) != before
+            entry = self.changed_bytes.get(storage.data_ptr())
+            if entry is not None and entry[1].shape == changed.shape:
+                changed |= entry[1]
+            self.changed_bytes[storage.data_ptr()] = (storage, changed)
 
 
 class _Interceptor(TorchDispatchMode):
@@ -194,47 +296,156 @@ class _Interceptor(TorchDispatchMode):
 
 
 def _kernel_name(kernel: object) -> str:
+    return getattr(_python_function(kernel), "__name__", type(kernel).__name__)
+
+
+def _python_function(kernel: object) -> object:
     obj = kernel
     for _ in range(4):  # Autotuner -> Heuristics -> JITFunction -> python function
         fn = getattr(obj, "fn", None)
         if fn is None:
             break
         obj = fn
-    return getattr(obj, "__name__", type(kernel).__name__)
+    return obj
+
+
+# Kernels defined in these packages are the course's own (reference kernels, helpers).
+COURSE_PACKAGES = ("solutions", "course")
+
+
+class CourseKernelRefused(RuntimeError):
+    """A watched call launched a kernel that the course ships instead of the learner's."""
+
+
+def _course_module(kernel: object) -> str | None:
+    module = getattr(_python_function(kernel), "__module__", None) or ""
+    if any(module == p or module.startswith(p + ".") for p in COURSE_PACKAGES):
+        return module
+    return None
+
+
+def course_kernel_message(name: str, module: str) -> str:
+    return (f"launched `{name}` from `{module}`, a kernel the course ships: the exercise asks "
+            "for your own kernel, not the reference solution. Write the @triton.jit kernel "
+            "in your notebook and launch that one.")
+
+
+def _unpaused(hook, record: CallRecord):
+    """A pre-run hook (the learner's code, though Triton calls it inside the launch step)
+    that runs with interception on."""
+    def run_hook(*args, **kwargs):
+        paused, record._in_launch = record._in_launch, 0
+        try:
+            return hook(*args, **kwargs)
+        finally:
+            record._in_launch = paused
+    return run_hook
+
+
+def _learner_hooks(kernel: object) -> bool:
+    hooks = getattr(kernel, "pre_run_hooks", None)
+    return bool(hooks) and isinstance(hooks, list)
+
+
+def _watched_launch_step(original, record: CallRecord):
+    """`original` (a launch step: JITFunction.run or InterpretedFunction.run) counting the
+    launch, pausing interception for Triton's own ops and recording what it changed."""
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if warmup or record._timing:  # compiling, or the autotuner timing configurations
+            record._in_launch += 1
+            try:
+                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            finally:
+                record._in_launch -= 1
+        name = _kernel_name(self)
+        module = _course_module(self)
+        if module is not None:
+            record.course_kernels.append(course_kernel_message(name, module))
+            raise CourseKernelRefused(course_kernel_message(name, module))
+        record.launches.append(name)
+        hooks = getattr(self, "pre_run_hooks", None) if _learner_hooks(self) else None
+        record._in_launch += 1
+        try:
+            snapshots = record._snapshot(args, kwargs)
+            record._atomic_ran = False
+            if hooks is not None:
+                self.pre_run_hooks = [
+                    h if getattr(h, "__module__", "").startswith("triton")
+                    else _unpaused(h, record) for h in hooks]
+            try:
+                compiled = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            finally:
+                if hooks is not None:
+                    self.pre_run_hooks = hooks
+            record._note_changes(snapshots)
+        finally:
+            record._in_launch -= 1
+        if record._atomic_ran or _compiled_uses_atomics(compiled):
+            record.atomic_kernels.append(name)
+        return compiled
+
+    return run
+
+
+def _timed_configurations(original, record: CallRecord):
+    """Autotuner._bench: Triton timing one configuration, launching it many times. Those
+    launches are not counted and Triton's own ops there are not the learner's; what they
+    change in the arguments is still recorded (a later launch may rewrite the same values)."""
+
+    def bench(self, *args, **kwargs):
+        record._timing += 1
+        record._in_launch += 1
+        try:
+            snapshots = record._snapshot(args, kwargs)
+            result = original(self, *args, **kwargs)
+            record._note_changes(snapshots)
+            return result
+        finally:
+            record._in_launch -= 1
+            record._timing -= 1
+
+    return bench
+
+
+def _launch_steps() -> list[tuple[type, str]]:
+    """(class, method) of every launch step this Triton has: the compiled path's and the
+    interpreter's. Guarded, since their homes move between Triton versions."""
+    steps = []
+    try:
+        from triton.runtime.jit import JITFunction
+        if hasattr(JITFunction, "run"):
+            steps.append((JITFunction, "run"))
+    except ImportError:
+        pass
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        if hasattr(InterpretedFunction, "run"):
+            steps.append((InterpretedFunction, "run"))
+    except ImportError:
+        pass
+    return steps
 
 
 @contextlib.contextmanager
 def _count_launches(record: CallRecord) -> Iterator[None]:
-    from triton.runtime.jit import KernelInterface
-
-    original = KernelInterface.__getitem__
-
-    def counting_getitem(self, grid):
-        launcher = original(self, grid)
-
-        def launch(*args, **kwargs):
-            name = _kernel_name(self)
-            record.launches.append(name)
-            for arg in (*args, *kwargs.values()):
-                if isinstance(arg, torch.Tensor):
-                    record.launched_storages.add(arg.untyped_storage().data_ptr())
-            record._in_launch += 1
-            record._atomic_ran = False
-            try:
-                compiled = launcher(*args, **kwargs)
-            finally:
-                record._in_launch -= 1
-            if record._atomic_ran or _compiled_uses_atomics(compiled):
-                record.atomic_kernels.append(name)
-            return compiled
-
-        return launch
-
-    KernelInterface.__getitem__ = counting_getitem
+    patches = [(cls, name, cls.__dict__[name], _watched_launch_step(cls.__dict__[name], record))
+               for cls, name in _launch_steps() if name in cls.__dict__]
+    try:
+        from triton.runtime.autotuner import Autotuner
+        if "_bench" in Autotuner.__dict__:
+            original = Autotuner.__dict__["_bench"]
+            patches.append((Autotuner, "_bench", original,
+                            _timed_configurations(original, record)))
+    except ImportError:
+        pass
+    for cls, name, _, patched in patches:
+        setattr(cls, name, patched)
     try:
         yield
     finally:
-        KernelInterface.__getitem__ = original
+        for cls, name, original, _ in reversed(patches):
+            setattr(cls, name, original)
 
 
 def _compiled_uses_atomics(compiled: object) -> bool:
@@ -273,9 +484,35 @@ def _watch_interpreter_atomics(record: CallRecord) -> Iterator[None]:
             setattr(InterpreterBuilder, name, original)
 
 
+def _place(filename: str, lineno: int) -> str:
+    # Jupyter compiles each cell to a temporary file named after a hash.
+    where = "a notebook cell" if "ipykernel_" in filename else Path(filename).name
+    return f"{where}, line {lineno}"
+
+
 @contextlib.contextmanager
-def watch() -> Iterator[CallRecord]:
-    """Run the body with launches counted, torch ops intercepted and allocations poisoned."""
-    record = CallRecord()
-    with _count_launches(record), _watch_interpreter_atomics(record), _Interceptor(record):
+def collect_warnings() -> Iterator[list[str]]:
+    """Warnings raised in the body go to the list yielded ("Category: message (place)",
+    once each) instead of stderr. The filters stay as they are: an ignored warning stays
+    ignored, one turned into an error still raises."""
+    texts: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            yield texts
+        finally:
+            for w in caught:
+                text = (f"{w.category.__name__}: {str(w.message).strip()} "
+                        f"({_place(w.filename, w.lineno)})")
+                if text not in texts:
+                    texts.append(text)
+
+
+@contextlib.contextmanager
+def watch(track_changes: bool = True) -> Iterator[CallRecord]:
+    """Run the body with launches counted, torch ops intercepted, allocations poisoned,
+    warnings collected and, if `track_changes`, what each launch changed recorded (a copy
+    of every tensor argument before each launch: meant for small correctness shapes)."""
+    record = CallRecord(track_changes=track_changes)
+    with collect_warnings() as record.warnings, _count_launches(record), \
+            _watch_interpreter_atomics(record), _Interceptor(record):
         yield record

@@ -6,7 +6,14 @@ from collections.abc import Callable
 
 from course.check.diagnose import advise
 from course.check.report import Report
-from course.check.runner import CaseResult, Exercise, fresh_seed, probe_caching, run_case
+from course.check.runner import (
+    ADVICE,
+    CaseResult,
+    Exercise,
+    fresh_seed,
+    probe_caching,
+    run_case,
+)
 
 import torch
 
@@ -30,14 +37,15 @@ def run_exercise(exercise: Exercise, fn: Callable, *, seed: int | None = None) -
             break
     passing = [r for r in results if r.passed]
     if passing and not any(r.fatal for r in results):
-        finding = probe_caching(exercise, fn, passing[0].case, seed)
-        if finding is not None:
-            results.append(CaseResult(passing[0].case, findings=(finding,)))
+        findings = probe_caching(exercise, fn, passing[0], seed)
+        if findings:
+            results.append(CaseResult(passing[0].case, findings=findings))
     copies = sorted({c for r in results for c in r.copies})
     if copies and not exercise.torch_ops_allowed:  # copies are fine in plain PyTorch
         notes.append("your wrapper copies data with PyTorch (" + "; ".join(copies[:3]) +
                      "): allowed, but each copy is an extra read and write of the tensor")
-    advice = advise(results, exercise.suspects, exercise.advice)
+    notes += warning_notes(results)
+    advice = advise(results, exercise.suspects, {**ADVICE, **exercise.advice})
     return Report(exercise.name, seed, results, advice, notes)
 
 
@@ -49,3 +57,13 @@ def check_and_raise(exercise: Exercise, fn: Callable, *, seed: int | None = None
     if not quiet:
         report.show()
     return report
+
+
+def warning_notes(results: list[CaseResult]) -> list[str]:
+    """One note per distinct warning the learner's function raised. They are collected while
+    it runs, not printed: under nbgrader, a graded cell that writes to stderr scores 0."""
+    seen = list(dict.fromkeys(w for r in results for w in r.warnings))
+    notes = [f"your function raised a warning: {w}" for w in seen[:5]]
+    if len(seen) > 5:
+        notes.append(f"and {len(seen) - 5} more warning(s)")
+    return notes

@@ -14,21 +14,31 @@ x * rstd to bfloat16 before multiplying by the weight (as Hugging Face's Llama d
 `course.baselines.eager_rmsnorm`): multiplying a row of 8-bit mantissas by one scalar and
 rounding moves the whole row coherently, by up to 2^-9. The bfloat16 row-scale tolerance
 is widened to admit that; float16 statistics also fail on values whose squares overflow.
+
+A float32 statistic rounded to 16 bits afterwards (rstd.to(x.dtype) before the multiply)
+is as wrong as one computed in 16 bits, but runs no 16-bit reduction: it is recognised by
+its values instead (the suspect `rstd_rounded`). PyTorch's own RMSNorm
+(torch.nn.functional.rms_norm, torch.rms_norm, torch.nn.RMSNorm) is the answer rather than a
+way to it, so the call is made under a torch-function mode that refuses it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from course import reference
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.rmsnorm import RMSNORM_FORWARD
-from course.check.runner import Exercise, Finding
+from course.check.rmsnorm import SUSPECTS as KERNEL_SUSPECTS
+from course.check.runner import Exercise, Finding, Suspect, Tensors
 from course.check.sandbox import CallRecord
 from course.check.suite import check_and_raise
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 # PyTorch is fast: more rows than a kernel exercise can afford, so that a wrongly rounded
 # statistic shows on many rows at once, and the coherent rounding described above is met.
@@ -61,29 +71,79 @@ def _statistics_precision(record: CallRecord, case: Case) -> list[Finding]:
     return [Finding("low_precision_statistics", f"computed statistics in 16 bits: {where}")]
 
 _UPCAST = ("Upcast first, h = x.to(torch.float32), take the mean of h * h and its rsqrt in "
-           "float32, and convert only the result back with .to(x.dtype).")
+           "float32, keep rstd in float32, and convert only y back with .to(x.dtype).")
 
 _ADVICE = {
     "low_precision_statistics": (
         "Your statistics are computed in 16 bits: " + _UPCAST + " A 16-bit mean of squares "
         "is rounded to 8 (bfloat16) or 11 (float16) significant bits, which scales the whole "
-        "row by a wrong factor, and in float16 the square of a value near 300 overflows."),
+        "row by a wrong factor, and in float16 the square of a value above 256 overflows."),
     "half": (
-        "float32 inputs pass but 16-bit inputs fail: your statistics are computed in the "
-        "input's precision. " + _UPCAST + " In bfloat16 (8 significant bits) the mean of "
-        "squares and its rsqrt are each rounded by up to 0.4 %, which scales a whole row by a "
-        "wrong factor; in float16 the square of a value near 300 overflows to inf."),
+        "float32 inputs pass but 16-bit inputs fail: a row statistic is held in the input's "
+        "precision somewhere. " + _UPCAST + " In bfloat16 (8 significant bits) a mean of "
+        "squares or an rstd rounded to 16 bits is off by up to 0.4 %, which scales a whole "
+        "row by a wrong factor; in float16 the square of a value above 256 overflows to inf."),
     "extra_launches": (
         "This chapter's exercise is plain PyTorch: write the formula with torch operations; "
         "Triton kernels come from chapter 03 on."),
+    "input_written": (
+        "Your function writes into an input: an in-place op (x.mul_(...), x.pow_(2), "
+        "x *= ..., out=x) overwrote the caller's tensor. Use the out-of-place forms (x * r, "
+        "x.pow(2)), which return new tensors. Beware that x.to(torch.float32) returns x "
+        "itself when x is already float32, so an in-place op on the result still writes "
+        "into x."),
 }
+
+
+def _rstd_rounded(t: Tensors, case: Case) -> torch.Tensor | None:
+    """y with a correct float32 rstd rounded to the input's 16-bit dtype before use."""
+    if case.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    rstd = reference.rmsnorm_rstd(t["x"], eps=case.eps).to(case.dtype).to(torch.float64)
+    return t["x"].to(torch.float64) * rstd.unsqueeze(-1) * t["weight"].to(torch.float64)
+
+
+# The kernel exercise's suspects, less the one about a kernel's padded block, and one of
+# this exercise's own.
+_SUSPECTS = (*(s for s in KERNEL_SUSPECTS if s.name != "divided_by_block"),
+             Suspect("rstd_rounded", "y",
+                     "Your mean of squares is right, but rstd is rounded to 16 bits before "
+                     "it is used (rstd.to(x.dtype) before the multiply, say): bfloat16 keeps "
+                     "8 significant bits, so every row is scaled by a factor up to 0.4 % off. "
+                     "Keep rstd in float32, compute x * rstd * weight in float32, and convert "
+                     "only y with .to(x.dtype).", expected=_rstd_rounded))
+
+
+class BuiltInRMSNormRefused(RuntimeError):
+    """Raised inside the learner's call when it uses PyTorch's own RMSNorm."""
+
+
+# torch.rms_norm is the op behind F.rms_norm (and nn.RMSNorm); older versions may lack it.
+_BUILT_INS = tuple(f for f in (F.rms_norm, getattr(torch, "rms_norm", None)) if f is not None)
+
+
+class _RefuseBuiltInRMSNorm(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if any(func is f for f in _BUILT_INS):
+            raise BuiltInRMSNormRefused(
+                "torch.nn.functional.rms_norm (or torch.rms_norm, nn.RMSNorm) computes the "
+                "whole answer, so this exercise does not accept it: write the formula with "
+                "torch operations (the mean of x * x in float32, torch.rsqrt, then multiply "
+                "by x and the weight)")
+        return func(*args, **(kwargs or {}))
+
+
+def _call(fn: Callable, t: Tensors, case: Case) -> object:
+    with _RefuseBuiltInRMSNorm():
+        return RMSNORM_FORWARD.call(fn, t, case)
+
 
 TORCH_RMSNORM = Exercise(
     name="torch_rmsnorm",
     signature="rmsnorm_torch(x, weight, eps=1e-6) -> y",
     cases=RMSNORM_FORWARD.cases + _EXTRA_CASES,
     make_inputs=RMSNORM_FORWARD.make_inputs,
-    call=RMSNORM_FORWARD.call,
+    call=_call,
     expected=RMSNORM_FORWARD.expected,
     output_names=("y",),
     max_launches=0,
@@ -98,6 +158,7 @@ TORCH_RMSNORM = Exercise(
     # caught on the ops instead.
     row_scale_tolerances={torch.bfloat16: 2.0 ** -8},
     inspect=_statistics_precision,
+    suspects=_SUSPECTS,
 )
 
 

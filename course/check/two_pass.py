@@ -16,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from course import bench, hardware, reference, runtime, traffic
-from course.check.bandwidth import needs_gpu_message, resolve_on_cpu, verify_outputs
+from course.check.bandwidth import (
+    CallSpec,
+    check_watched_call,
+    measure_checked,
+    needs_gpu_message,
+    resolve_on_cpu,
+)
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
@@ -114,8 +120,11 @@ def rmsnorm_two_pass_bandwidth(fn: Callable, *, shape: tuple[int, int] = (16384,
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen).to(dtype).to(runtime.DEVICE)
     w = (torch.rand(n, generator=gen) + 0.5).to(dtype).to(runtime.DEVICE)
-    verify_outputs(label, ("y",), fn(x, w, eps=1e-6), (reference.rmsnorm(x, w, eps=1e-6),),
-                   (dtype,))
+    # Every call is held to the exercise's rules and every timed output checked, as in the
+    # graded speed checks: a report of a call that skips work would teach the wrong lesson.
+    spec = CallSpec(("y",), lambda x, w: reference.rmsnorm(x, w, eps=1e-6), (dtype,),
+                    max_launches=TWO_PASS.max_launches, arg_names=("x", "weight"))
+    check_watched_call(label, fn, (x, w), spec, when="before")
 
     def make_args():
         return (torch.randn(shape, dtype=dtype, device=runtime.DEVICE),
@@ -123,8 +132,8 @@ def rmsnorm_two_pass_bandwidth(fn: Callable, *, shape: tuple[int, int] = (16384,
 
     ideal = traffic.fused_rmsnorm(m, n, dtype)
     model = traffic.two_pass_rmsnorm(m, n, dtype)
-    measurement = bench.measure(label, fn, make_args, ideal.bytes, reps=reps,
-                                hide_launch=True)
+    measurement = measure_checked(label, fn, make_args, ideal.bytes, spec, reps=reps)
+    check_watched_call(label, fn, make_args(), spec, when="after")
     result = ModelComparison(measurement, model, model.time_floor(hardware.copy_bandwidth()))
     if not quiet:
         print(result)

@@ -1,0 +1,498 @@
+"""Wrappers that cheat, or carry state between calls, in ways the checkers once missed:
+launches the counter did not see, PyTorch hidden inside a launch's hooks, the course's own
+kernels, answers computed elsewhere and handed to a kernel that does nothing, workspaces and
+output buffers kept between calls. Also what an honest wrapper must still get: warnings kept
+off stderr, and a wrong output shape reported as a failing case with the others' results."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import types
+import warnings
+
+from course import check, runtime
+from course.check import sandbox
+from course.check.rmsnorm import RMSNORM_FORWARD
+from course.check.suite import run_exercise
+
+import numpy as np
+import pytest
+import rmsnorm_variants as variants
+import torch
+import triton
+import triton.language as tl
+from backward_variants import RMSNormFunction
+from torch.utils._python_dispatch import _disable_current_modes
+
+SHIPPED = "a kernel the course ships"
+UNCHANGED = "no launch changed a single element"
+STATE = "state carried between calls"
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def _failure(fn, checker=check.rmsnorm_forward) -> str:
+    with pytest.raises(AssertionError) as failure:
+        checker(fn, seed=2, quiet=True)
+    return str(failure.value)
+
+
+def _numpy_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xs = x.detach().cpu().double().numpy()
+    ws = weight.detach().cpu().double().numpy()
+    ys = xs / np.sqrt((xs * xs).mean(-1, keepdims=True) + eps) * ws
+    return torch.from_numpy(ys).to(device=x.device, dtype=x.dtype)
+
+
+@triton.jit
+def _noop_kernel(x_ptr, y_ptr):
+    pass
+
+
+# ------------------------------------------------------------------ launches the counter missed
+
+def _launch_by_run(x, weight, eps=1e-6):
+    """The correct kernel, launched through .run instead of kernel[grid](...)."""
+    x2 = _rows(x)
+    y = torch.empty_like(x2)
+    n = x2.shape[1]
+    variants.rmsnorm_kernel.run(x2, weight, y, x2.stride(0), y.stride(0), n, eps,
+                                BLOCK_N=triton.next_power_of_2(n), grid=(x2.shape[0],),
+                                warmup=False)
+    return y.view(x.shape)
+
+
+def _second_launch_by_run(x, weight, eps=1e-6):
+    x2 = _rows(x)
+    n = x2.shape[1]
+    block = triton.next_power_of_2(n)
+    rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+    y = torch.empty_like(x2)
+    variants._sum_squares_kernel[(x2.shape[0],)](x2, rstd, x2.stride(0), n, eps, BLOCK_N=block)
+    variants._scale_kernel.run(x2, weight, rstd, y, x2.stride(0), y.stride(0), n,
+                               BLOCK_N=block, grid=(x2.shape[0],), warmup=False)
+    return y.view(x.shape)
+
+
+def test_a_launch_through_kernel_run_is_counted_and_the_interpreters_copies_stay_unseen():
+    x = torch.randn(3, 16, device=runtime.DEVICE)
+    w = torch.rand(16, device=runtime.DEVICE)
+    with sandbox.watch() as record:
+        y = _launch_by_run(x, w)
+    assert record.launches == ["rmsnorm_kernel"]
+    # The interpreter copies the arguments with torch ops inside the launch: not the learner's.
+    assert record.forbidden_ops == [] and record.copies == []
+    assert record.changed_by_launch(y) and not record.changed_by_launch(x)
+
+
+def test_a_second_launch_through_kernel_run_counts_against_the_limit():
+    message = _failure(_second_launch_by_run)
+    assert "launched 2 Triton kernels (_sum_squares_kernel, _scale_kernel)" in message
+    assert "computes with PyTorch" not in message and "never passed" not in message
+
+
+def test_watching_restores_every_launch_step_it_patches():
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    before = (JITFunction.run, InterpretedFunction.run, Autotuner._bench)
+    with sandbox.watch():
+        assert InterpretedFunction.run is not before[1]
+    assert (JITFunction.run, InterpretedFunction.run, Autotuner._bench) == before
+
+
+# ------------------------------------------------------------- PyTorch hidden in launch hooks
+
+def _torch_rmsnorm_into(x, weight, y, eps):
+    xf = x.float()
+    y.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(y.dtype))
+
+
+def _pre_hook_computes(nargs):
+    _torch_rmsnorm_into(nargs["x_ptr"], nargs["w_ptr"], nargs["y_ptr"], nargs["eps"])
+
+
+@triton.autotune(configs=[triton.Config({}, pre_hook=_pre_hook_computes)], key=[])
+@triton.jit
+def _hooked_kernel(x_ptr, w_ptr, y_ptr, eps):
+    pass
+
+
+def _torch_in_a_pre_hook(x, weight, eps=1e-6):
+    y = torch.empty_like(x)
+    _hooked_kernel[(1,)](x, weight, y, eps)
+    return y
+
+
+def _heuristic_computes(args):
+    _torch_rmsnorm_into(args["x_ptr"], args["w_ptr"], args["y_ptr"], args["eps"])
+    return 1
+
+
+@triton.heuristics({"UNUSED": _heuristic_computes})
+@triton.jit
+def _heuristic_kernel(x_ptr, w_ptr, y_ptr, eps, UNUSED: tl.constexpr):
+    pass
+
+
+def _torch_in_a_heuristic(x, weight, eps=1e-6):
+    y = torch.empty_like(x)
+    _heuristic_kernel[(1,)](x, weight, y, eps)
+    return y
+
+
+@pytest.mark.parametrize("fn", [_torch_in_a_pre_hook, _torch_in_a_heuristic],
+                         ids=["autotune pre_hook", "heuristics function"])
+def test_torch_ops_in_a_launch_hook_are_forbidden_ops(fn):
+    message = _failure(fn)
+    assert "computes with PyTorch" in message
+    assert "aten.rsqrt" in message
+    assert "test_check_adversarial.py, line" in message and "y.copy_((xf * torch.rsqrt" in message
+    # The output also reached the kernel already final.
+    assert UNCHANGED in message
+
+
+@triton.jit
+def _kernel_with_a_pre_run_hook(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    tl.store(y_ptr + cols, tl.load(x_ptr + cols, mask=mask), mask=mask)
+
+
+def test_torch_ops_in_a_kernels_pre_run_hook_are_forbidden_ops():
+    kernel = _kernel_with_a_pre_run_hook
+    kernel.add_pre_run_hook(lambda x, y, *rest, **kw: y.copy_(x * 2))
+    try:
+        x = torch.randn(8, device=runtime.DEVICE)
+        with sandbox.watch() as record:
+            y = torch.empty_like(x)
+            kernel[(1,)](x, y, 8, BLOCK_N=8)
+    finally:
+        kernel.pre_run_hooks.clear()
+    assert [u.op for u in record.forbidden_ops] == ["aten.mul.Tensor"]
+    assert record.launches == ["_kernel_with_a_pre_run_hook"]
+
+
+def test_a_launch_in_another_thread_does_not_pause_interception_in_this_one():
+    # Interception pauses inside a launch step for Triton's own ops. A launch running in a
+    # helper thread must not open that window for the wrapper's own thread: here the helper
+    # thread sits inside its launch step (in a hook Triton treats as its own) while the
+    # wrapper computes.
+    inside_launch, computed = threading.Event(), threading.Event()
+
+    def triton_side_hook(*args, **kwargs):
+        inside_launch.set()
+        computed.wait(timeout=30)
+
+    triton_side_hook.__module__ = "triton.runtime.fake_hook"
+    kernel = _kernel_with_a_pre_run_hook
+    kernel.add_pre_run_hook(triton_side_hook)
+    x = torch.randn(8, device=runtime.DEVICE)
+    try:
+        with sandbox.watch() as record:
+            y = torch.empty_like(x)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                launch = pool.submit(kernel.run, x, y, 8, BLOCK_N=8, grid=(1,), warmup=False)
+                assert inside_launch.wait(timeout=30)
+                x * 2
+                computed.set()
+                launch.result()
+    finally:
+        kernel.pre_run_hooks.clear()
+    assert [u.op for u in record.forbidden_ops] == ["aten.mul.Tensor"]
+    assert record.launches == ["_kernel_with_a_pre_run_hook"]
+
+
+def _times_three(kernel_call, quantiles):
+    for _ in range(3):  # what Triton's timing does: many launches of each configuration
+        kernel_call()
+    return [1.0, 1.0, 1.0]
+
+
+@triton.autotune(configs=[triton.Config({"ROWS": 1}), triton.Config({"ROWS": 2})],
+                 key=["n_rows", "n_cols"], do_bench=_times_three)
+@triton.heuristics({"BLOCK_N": lambda args: triton.next_power_of_2(args["n_cols"])})
+@triton.jit
+def _tuned_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_rows, n_cols, eps,
+                  ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    for i in range(ROWS):
+        row = tl.program_id(0) * ROWS + i
+        if row < n_rows:
+            x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+            tl.store(y_ptr + row * stride_y_row + cols,
+                     (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _honest_tuned(x, weight, eps=1e-6):
+    x2 = _rows(x)
+    y = torch.empty_like(x2)
+    m, n = x2.shape
+    _tuned_kernel[lambda meta: (triton.cdiv(m, meta["ROWS"]),)](
+        x2, weight, y, x2.stride(0), y.stride(0), m, n, eps)
+    return y.view(x.shape)
+
+
+def test_an_honest_autotuned_kernel_passes_with_one_launch_per_call():
+    # The autotuner times both configurations on each new shape (six launches here): its
+    # timing is Triton's, so only the launch that produces the answer counts.
+    report = check.rmsnorm_forward(_honest_tuned, seed=4, quiet=True)
+    assert report.passed
+    assert all(r.launches == ("_tuned_kernel",) for r in report.results)
+
+
+# ------------------------------------------------------------------ the course's own kernels
+
+def test_the_shipped_reference_kernel_is_refused():
+    from solutions.kernels import rmsnorm as shipped
+
+    report = run_exercise(RMSNORM_FORWARD, shipped, seed=1)
+    assert not report.passed
+    assert all(r.finding("course_kernel") for r in report.results)
+    message = report.message()
+    assert SHIPPED in message and "solutions.kernels.rmsnorm" in message
+    assert "not the reference solution" in message
+
+
+def _copy_rows(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    tl.store(y_ptr + cols, tl.load(x_ptr + cols, mask=mask), mask=mask)
+
+
+@pytest.mark.parametrize("module, refused", [
+    ("__main__", False),              # a notebook's kernels, the solution notebooks' too
+    ("solutions_of_my_own", False),   # only the course's packages, not their prefix
+    ("solutions.kernels.rmsnorm", True),
+    ("course.baselines", True),
+])
+def test_kernels_are_refused_by_the_module_that_defines_them(module, refused):
+    fn = types.FunctionType(_copy_rows.__code__, _copy_rows.__globals__, "_copy_rows")
+    fn.__module__ = module
+    kernel = triton.jit(fn)
+    x = torch.randn(8, device=runtime.DEVICE)
+    y = torch.empty_like(x)
+    with sandbox.watch() as record:
+        if refused:
+            with pytest.raises(sandbox.CourseKernelRefused, match=SHIPPED):
+                kernel[(1,)](x, y, 8, BLOCK_N=8)
+        else:
+            kernel[(1,)](x, y, 8, BLOCK_N=8)
+    assert bool(record.course_kernels) == refused
+    assert record.launches == ([] if refused else ["_copy_rows"])
+
+
+# ------------------------------------------- answers computed elsewhere, handed to a no-op kernel
+
+def _numpy_then_noop(x, weight, eps=1e-6):
+    y = _numpy_rmsnorm(x, weight, eps)
+    _noop_kernel[(1,)](x, y)
+    return y
+
+
+def _other_thread_then_noop(x, weight, eps=1e-6):
+    # Dispatch modes are per thread: the checker's interception does not see this one.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        y = pool.submit(torch.nn.functional.rms_norm, x, (x.shape[-1],), weight, eps).result()
+    _noop_kernel[(1,)](x, y)
+    return y
+
+
+def _modes_disabled_then_noop(x, weight, eps=1e-6):
+    with _disable_current_modes():
+        y = torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    _noop_kernel[(1,)](x, y)
+    return y
+
+
+@pytest.mark.parametrize("fn", [_numpy_then_noop, _other_thread_then_noop,
+                                _modes_disabled_then_noop],
+                         ids=["numpy", "another thread", "dispatch modes disabled"])
+def test_an_answer_a_kernel_only_received_is_refused(fn):
+    message = _failure(fn)
+    assert UNCHANGED in message and "no launch changed it" in message
+    assert "never passed to your kernel" not in message
+
+
+def test_a_kernel_that_stores_nothing_is_told_so_not_accused_of_computing_elsewhere():
+    message = _failure(variants.stale_memory)
+    assert "never stores" in message and UNCHANGED not in message
+
+
+class _NumpyFunction(torch.autograd.Function):
+    """Forward and backward in NumPy, each handed to a kernel that does nothing."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        y = _numpy_rmsnorm(x, weight, eps)
+        _noop_kernel[(1,)](x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        xs, ws = x.detach().double().cpu().numpy(), weight.detach().double().cpu().numpy()
+        d = dy.detach().double().cpu().numpy()
+        rstd = 1 / np.sqrt((xs * xs).mean(-1, keepdims=True) + ctx.eps)
+        x_hat, g = xs * rstd, d * ws
+        dx = torch.from_numpy(rstd * (g - x_hat * (x_hat * g).mean(-1, keepdims=True)))
+        dw = torch.from_numpy((d * x_hat).reshape(-1, xs.shape[-1]).sum(0))
+        dx, dw = dx.to(x.device, x.dtype), dw.to(weight.device, weight.dtype)
+        _noop_kernel[(1,)](dx, dw)
+        return dx, dw, None
+
+
+def test_an_autograd_function_computing_in_numpy_is_refused():
+    message = _failure(_NumpyFunction, check.rmsnorm_autograd)
+    assert f"forward returned `y` holding values it already had when your kernels received " \
+           f"it: {UNCHANGED}" in message
+    assert "rmsnorm_autograd: 0/5 cases pass" in message
+    from course.check.autograd import _CASES, _run_case
+
+    result = _run_case(_NumpyFunction, _CASES[0], torch.Generator().manual_seed(0))
+    texts = [f.message for f in result.findings if f.kind == "output_unchanged"]
+    assert any(t.startswith("backward returned `dx`") for t in texts)
+    assert any(t.startswith("backward returned `dw`") for t in texts)
+
+
+# ---------------------------------------------------------------- state kept between calls
+
+@triton.jit
+def _accumulating_kernel(x_ptr, w_ptr, y_ptr, sum_sq_ptr, stride_x_row, stride_y_row, n_cols,
+                         eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    # The bug: adds into a workspace kept between calls, as if it still held zeros.
+    total = tl.load(sum_sq_ptr + row) + tl.sum(x * x, axis=0)
+    tl.store(sum_sq_ptr + row, total)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(total / n_cols + eps)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+_workspaces: dict = {}
+
+
+def _workspace_not_cleared(x, weight, eps=1e-6):
+    x2 = _rows(x)
+    m, n = x2.shape
+    key = (tuple(x.shape), x.dtype, x.device)
+    if key not in _workspaces:  # "allocated once per shape, to save an allocation"
+        _workspaces[key] = torch.zeros(m, dtype=torch.float32, device=x.device)
+    y = torch.empty_like(x2)
+    _accumulating_kernel[(m,)](x2, weight, y, _workspaces[key], x2.stride(0), y.stride(0), n,
+                               eps, BLOCK_N=triton.next_power_of_2(n))
+    return y.view(x.shape)
+
+
+_outputs: dict = {}
+
+
+def _output_buffer_reused(x, weight, eps=1e-6):
+    x2 = _rows(x)
+    key = (tuple(x.shape), x.dtype, x.device)
+    if key not in _outputs:
+        _outputs[key] = torch.empty_like(x2)
+    return variants._launch(variants.rmsnorm_kernel, x, weight, eps, y=_outputs[key]
+                            ).view(x.shape)
+
+
+def test_a_workspace_not_cleared_between_calls_is_caught():
+    _workspaces.clear()
+    message = _failure(_workspace_not_cleared)
+    assert "Wrong when called again" in message and STATE in message
+    assert "which passed, it returned a wrong y" in message
+    assert "returned the first call's result" not in message
+
+
+def test_an_output_buffer_reused_between_calls_is_caught():
+    _outputs.clear()
+    message = _failure(_output_buffer_reused)
+    assert STATE in message and "both calls return the same memory" in message
+
+
+# ----------------------------------------------------------- warnings, and the output's form
+
+def _warns(x, weight, eps=1e-6):
+    warnings.warn("rows are normalised in float32", UserWarning, stacklevel=1)
+    return variants.correct(x, weight, eps)
+
+
+def test_a_warning_from_a_correct_wrapper_becomes_a_note_not_stderr(capsys):
+    with warnings.catch_warnings(record=True) as escaped:
+        warnings.simplefilter("always")
+        report = check.rmsnorm_forward(_warns, seed=1, quiet=True)
+    assert report.passed
+    assert escaped == []
+    notes = [n for n in report.notes if "rows are normalised in float32" in n]
+    assert len(notes) == 1, report.notes
+    assert "UserWarning" in notes[0] and "test_check_adversarial.py, line" in notes[0]
+    assert capsys.readouterr().err == ""
+
+
+class _WarningFunction(RMSNormFunction):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        warnings.warn("forward saw a new shape", UserWarning, stacklevel=1)
+        return RMSNormFunction.forward(ctx, x, weight, eps)
+
+
+def test_a_warning_from_an_autograd_function_becomes_a_note():
+    with warnings.catch_warnings(record=True) as escaped:
+        warnings.simplefilter("always")
+        report = check.rmsnorm_autograd(_WarningFunction, seed=1, quiet=True)
+    assert report.passed and escaped == []
+    assert any("forward saw a new shape" in n for n in report.notes), report.notes
+
+
+def _rows_shape_returned(x, weight, eps=1e-6):
+    return variants._launch(variants.rmsnorm_kernel, x, weight, eps)  # forgot .view(x.shape)
+
+
+def _float32_returned(x, weight, eps=1e-6):
+    y = torch.empty(_rows(x).shape, dtype=torch.float32, device=x.device)
+    return variants._launch(variants.rmsnorm_kernel, x, weight, eps, y=y).view(x.shape)
+
+
+def _two_values_returned(x, weight, eps=1e-6):
+    return variants.correct(x, weight, eps), None
+
+
+def test_a_wrong_output_shape_fails_its_case_with_a_hint_and_the_table():
+    report = run_exercise(RMSNORM_FORWARD, _rows_shape_returned, seed=1)
+    failing = [r for r in report.results if not r.passed]
+    assert [r.case.name for r in failing] == ["3-D input"]
+    message = report.message()
+    assert "Seen on 3-D input (2x3x64, float32): y has shape (6, 64), expected (2, 3, 64)" in (
+        message)
+    assert "y.view(x.shape)" in message
+    assert f"{len(report.results) - 1}/{len(report.results)} cases pass" in message
+
+
+def test_a_wrong_output_dtype_fails_only_the_cases_it_affects():
+    report = run_exercise(RMSNORM_FORWARD, _float32_returned, seed=1)
+    failing = {r.case.dtype for r in report.results if not r.passed}
+    assert torch.float32 not in failing and torch.float16 in failing
+    message = report.message()
+    assert "dtype torch.float32, expected torch.float16" in message
+    assert "dtype=torch.float16" in message
+
+
+def test_a_wrong_number_of_outputs_is_a_failing_case_with_the_table():
+    report = run_exercise(RMSNORM_FORWARD, _two_values_returned, seed=1)
+    assert all(r.finding("output_count") for r in report.results)
+    message = report.message()
+    assert "returned 2 value(s), expected 1" in message
+    assert "power-of-two N (8x128, float32)" in message  # the table of cases is there

@@ -1,0 +1,202 @@
+"""Advice for bugs whose numbers look like another bug's: a mean divided by BLOCK_N fails the
+same cases as a missing mask, and a fused add + RMSNorm that normalises the unrounded sum
+passes every tolerance. Each kernel here is a mistake a learner really writes."""
+
+from __future__ import annotations
+
+import course  # noqa: F401  (the execution mode is chosen before any kernel is defined)
+from course import check
+from course.check.cases import Case
+from course.check.compare import Mismatch
+from course.check.diagnose import advise
+from course.check.runner import CaseResult
+
+import pytest
+import rmsnorm_variants
+import torch
+import triton
+import triton.language as tl
+
+from solutions.kernels import validation
+
+BLOCK_ADVICE = "Divide by n_cols, not BLOCK_N"
+MASK_ADVICE = "not masked"
+WIDE_ADVICE = "Only rows longer than one block fail"
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _two_pass_divides_by_block_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols,
+                                      eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols,
+                    other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / BLOCK_N + eps)  # the bug: BLOCK_N, not n_cols
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit
+def _two_pass_first_block_only_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols,
+                                      eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)  # the bug: pass 1 has no loop
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit
+def _add_rmsnorm_unrounded_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, residual_out_ptr,
+                                  stride_x_row, stride_residual_row, stride_y_row,
+                                  stride_residual_out_row, n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(residual_ptr + row * stride_residual_row + cols, mask=mask,
+                other=0.0).to(tl.float32)
+    h = x + r
+    tl.store(residual_out_ptr + row * stride_residual_out_row + cols,
+             h.to(residual_out_ptr.dtype.element_ty), mask=mask)
+    # The bug: the statistics and y use the float32 sum, not the rounded one just stored.
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (h * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def _rmsnorm_wrapper(kernel, block_cap: int | None = None):
+    """rmsnorm(x, weight, eps) launching `kernel` with BLOCK_N = next_power_of_2(N), at most
+    `block_cap` (a two-pass kernel's fixed block)."""
+    def rmsnorm(x, weight, eps=1e-6):
+        x2 = validation.as_rows(x)
+        validation.check_param(x, weight, "weight")
+        eps = validation.check_eps(eps)
+        M, N = x2.shape
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        block_n = triton.next_power_of_2(N)
+        if block_cap is not None:
+            block_n = min(block_cap, block_n)
+        kernel[(M,)](x2, weight, y, x2.stride(0), y.stride(0), N, eps, BLOCK_N=block_n)
+        return y.view(x.shape)
+    return rmsnorm
+
+
+def add_rmsnorm_unrounded(x, residual, weight, eps=1e-6):
+    x_rows = validation.as_rows(x)
+    residual_rows = validation.check_same_rows(x, residual, "residual")
+    validation.check_param(x, weight, "weight")
+    eps = validation.check_eps(eps)
+    M, N = x_rows.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    residual_out = torch.empty_like(y)
+    _add_rmsnorm_unrounded_kernel[(M,)](
+        x_rows, residual_rows, weight, y, residual_out, x_rows.stride(0),
+        residual_rows.stride(0), y.stride(0), residual_out.stride(0), N, eps,
+        BLOCK_N=triton.next_power_of_2(N))
+    return y.view(x.shape), residual_out.view(x.shape)
+
+
+def _failure(checker, fn, seed: int = 3) -> str:
+    with pytest.raises(AssertionError) as failure:
+        checker(fn, seed=seed, quiet=True)
+    return str(failure.value)
+
+
+# --------------------------------------------------------------------------- BLOCK_N
+
+
+def test_two_pass_mean_divided_by_block_n_is_named_not_blamed_on_the_mask():
+    message = _failure(check.rmsnorm_two_pass,
+                       _rmsnorm_wrapper(_two_pass_divides_by_block_kernel, block_cap=1024))
+    assert BLOCK_ADVICE in message, message
+    # The factor seen is quoted with the block it implies: rows of 100 in a block of 128.
+    assert "sqrt(128 / 100)" in message, message
+    assert MASK_ADVICE not in message and WIDE_ADVICE not in message, message
+
+
+def test_two_pass_that_sums_only_the_first_block_gets_the_loop_advice_not_block_n():
+    message = _failure(check.rmsnorm_two_pass,
+                       _rmsnorm_wrapper(_two_pass_first_block_only_kernel, block_cap=1024))
+    assert WIDE_ADVICE in message, message
+    assert BLOCK_ADVICE not in message, message
+
+
+def test_fused_mean_divided_by_block_n_is_named_not_blamed_on_the_mask():
+    message = _failure(check.rmsnorm_forward, rmsnorm_variants.divides_by_block)
+    # Named by the forward checker's own suspect or by the generic rule: either way the
+    # advice is the division, never the masks, which are right.
+    assert "BLOCK_N" in message and "n_cols" in message, message
+    assert MASK_ADVICE not in message, message
+
+
+def _scaled_case(name: str, n: int, factors: list[float], tags: set[str]) -> CaseResult:
+    """A failing float32 case whose three examples are the expected values times `factors`."""
+    want = (0.8, -1.3, 0.45)
+    examples = tuple(((row, 0), w, w * f)
+                     for row, (w, f) in enumerate(zip(want, factors, strict=True)))
+    mismatch = Mismatch(name="y", n_rows=3, n_cols=n, bad_rows=(0, 1, 2),
+                        bad_cols=tuple(range(n)), n_bad=3 * n, n_poison=0, poison_cols=(),
+                        max_abs_err=1.0, examples=examples)
+    return CaseResult(Case(name, (3, n), torch.float32, frozenset(tags)), (mismatch,))
+
+
+def _passing_case(name: str, n: int, tags: set[str]) -> CaseResult:
+    return CaseResult(Case(name, (3, n), torch.float32, frozenset(tags)))
+
+
+def test_block_rule_needs_one_factor_per_case_that_implies_a_power_of_two():
+    power_of_two = _passing_case("power-of-two N", 128, {"pow2"})
+    # Rows of 100 scaled by sqrt(128 / 100), rows of 3000 by sqrt(4096 / 3000).
+    by_block = [power_of_two,
+                _scaled_case("odd N", 100, [(128 / 100) ** 0.5] * 3, {"odd_n"}),
+                _scaled_case("wide rows", 3000, [(4096 / 3000) ** 0.5] * 3, {"odd_n", "wide"})]
+    assert BLOCK_ADVICE in advise(by_block)[0]
+    # Each row off by its own factor: not one division, so the mask rule speaks instead.
+    row_by_row = [power_of_two,
+                  _scaled_case("odd N", 100, [1.13, 1.21, 0.94], {"odd_n"}),
+                  _scaled_case("wide rows", 3000, [1.17, 1.05, 1.31], {"odd_n", "wide"})]
+    assert MASK_ADVICE in advise(row_by_row)[0]
+    # One factor per case, but sqrt(1.7) implies a divisor of 170 for rows of 100: no block.
+    no_block = [power_of_two,
+                _scaled_case("odd N", 100, [1.7 ** 0.5] * 3, {"odd_n"}),
+                _scaled_case("wide rows", 3000, [(4096 / 3000) ** 0.5] * 3, {"odd_n", "wide"})]
+    assert BLOCK_ADVICE not in advise(no_block)[0]
+
+
+# --------------------------------------------------------------------------- add + RMSNorm
+
+
+def test_add_rmsnorm_that_normalises_the_unrounded_sum_is_refused_with_the_rule():
+    message = _failure(check.add_rmsnorm, add_rmsnorm_unrounded)
+    assert "not of the sum you store in residual_out" in message, message
+    assert "eager PyTorch" in message, message
+    # The numbers behind it: how often y sided with each sum where they round differently.
+    assert "y takes the exact sum's" in message, message
+
+
+def test_only_the_bitwise_case_can_see_the_unrounded_sum():
+    with pytest.raises(AssertionError) as failure:
+        check.add_rmsnorm(add_rmsnorm_unrounded, seed=11, quiet=True)
+    report_text = str(failure.value)
+    failing = [line for line in report_text.splitlines() if " FAIL " in line]
+    # Every tolerance-based case passes this kernel; the stored-sum case alone refuses it.
+    assert len(failing) == 1 and "y of the stored sum" in failing[0], report_text
