@@ -7,7 +7,8 @@
     course grade NOTEBOOK
                      a chapter notebook graded as the autograder grades it (hidden tests
                      included): a score per exercise; exit status 0 for full marks, 1 when
-                     points were lost, 2 when the file is not a chapter of the course.
+                     points were lost or the integrity scan flagged code for review, 2 when
+                     the file is not a chapter of the course.
 """
 
 from __future__ import annotations
@@ -220,7 +221,8 @@ def grade(args: argparse.Namespace) -> int:
         print(f"course grade: {exc}", file=sys.stderr)
         return 2
     print(report.table())
-    return 0 if report.full_marks else 1
+    # Flagged code fails the command even with full marks: an instructor will review it.
+    return 0 if report.full_marks and not report.integrity else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

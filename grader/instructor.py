@@ -13,6 +13,13 @@ submission that crashes or hangs costs points in its chapter only. Autograding s
 COURSE_GRADING=1 for the notebooks, so that a bandwidth cell fails without a GPU. The paths
 below come from the configuration, so the same commands work in a copy of the course (the
 tests use one).
+
+A submission's code runs in the same Python process as the checkers, so it can defeat them
+(grader/README.md, "What the grader cannot prevent"). Two things here narrow that: collect
+copies only the notebook, never files beside it (which the notebook could import in place of
+the course's modules), and autograde runs the integrity scan of course/grade.py on every
+submission and reports what it flags, per submission and in grader/grades_integrity.csv,
+for the instructor to review.
 """
 
 from __future__ import annotations
@@ -43,7 +50,16 @@ STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")
 # nbgrader logs this line for every submission it could not finish.
 FAILED_LINE = re.compile(r"There was an error processing assignment '([^']+)' for student "
                          r"'([^']+)'")
-IGNORED_NAMES = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", ".DS_Store")
+# What collect copies from a submission's chapter folder: the notebook, and nbgrader's record
+# of when it was submitted (kept only if nbgrader can read it). Nothing else: nbgrader copies
+# every file of submitted/ beside the notebook it runs, and the notebook's kernel imports from
+# its own folder first, so a `course/` folder shipped there would replace the course's
+# checkers. No chapter needs any other file.
+TIMESTAMP = "timestamp.txt"
+# Left behind by editors; not worth listing among the files a submission brought.
+EDITOR_LITTER = {".ipynb_checkpoints", ".DS_Store"}
+# Where `autograde` writes the integrity scan's flags (grades*.csv is git-ignored).
+INTEGRITY_CSV = "grades_integrity.csv"
 # Set for the notebooks' kernels while autograding (they inherit nbgrader's environment):
 # the checkers then fail a bandwidth cell without a GPU instead of skipping it
 # (course/runtime.py, GRADING_ENV; a test keeps the two names equal). Read here, not
@@ -163,13 +179,47 @@ def _tail(path: Path, lines: int = 30) -> str:
 class Collected:
     copied: list[tuple[str, str]] = field(default_factory=list)     # (student, chapter)
     unchanged: list[tuple[str, str]] = field(default_factory=list)
+    # (student, chapter) -> the files beside the notebook that were not copied
+    skipped: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+
+def _valid_timestamp(path: Path) -> bool:
+    """Whether nbgrader can read `path` as a submission time (it fails a submission whose
+    timestamp.txt it cannot parse)."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        text = path.read_text().strip()
+        return bool(text) and parse_utc(text) is not None
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, OverflowError):
+        return False
+
+
+def _other_files(chapter_dir: Path, chapter: str) -> list[str]:
+    """Every file (or link) in a submission's chapter folder but the notebook and a readable
+    timestamp.txt, as paths relative to it; editor litter is left out."""
+    found = []
+    for folder, subfolders, files in os.walk(chapter_dir):
+        here = Path(folder)
+        subfolders[:] = [d for d in subfolders if d not in EDITOR_LITTER]
+        for name in files + [d for d in subfolders if (here / d).is_symlink()]:
+            relative = (here / name).relative_to(chapter_dir).as_posix()
+            if name in EDITOR_LITTER or relative == f"{chapter}.ipynb":
+                continue
+            if relative == TIMESTAMP and _valid_timestamp(here / name):
+                continue
+            found.append(relative + (" (not a timestamp nbgrader can read)"
+                                     if relative == TIMESTAMP else ""))
+    return sorted(found)
 
 
 def collect(course: Course, folder: Path) -> Collected:
     """Import submissions laid out as FOLDER/<student>/<chapter>/<chapter>.ipynb into
     nbgrader's submitted/ folder. Everything is checked first: one problem anywhere and
-    nothing is copied. A submission identical to the one already collected is left alone
-    (with its timestamp), so collecting the same folder twice regrades nothing."""
+    nothing is copied. Only the notebook is copied (and a timestamp.txt that nbgrader can
+    read); any other file is left out and listed in the result. A submission identical to
+    the one already collected is left alone (with its timestamp), so collecting the same
+    folder twice regrades nothing."""
     folder = Path(folder)
     if not folder.is_dir():
         raise GraderError(f"no folder {folder} to collect submissions from")
@@ -213,17 +263,124 @@ def collect(course: Course, folder: Path) -> Collected:
         incoming = folder / student / chapter
         target = course.submitted / student / chapter
         name = f"{chapter}.ipynb"
+        skipped = _other_files(incoming, chapter)
+        if skipped:
+            result.skipped[(student, chapter)] = skipped
+        # Unchanged: the same notebook, and nothing else in submitted/ (an older collect
+        # copied whole folders; such a submission is copied again, and so regraded).
         if (target / name).is_file() and \
-                (target / name).read_bytes() == (incoming / name).read_bytes():
+                (target / name).read_bytes() == (incoming / name).read_bytes() and \
+                not extra_files(target, chapter):
             result.unchanged.append((student, chapter))
             continue
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(incoming, target, ignore=IGNORED_NAMES)
-        if not (target / "timestamp.txt").is_file():  # nbgrader regrades what is newer
-            (target / "timestamp.txt").write_text(stamp + "\n")
+        target.mkdir(parents=True)
+        shutil.copy2(incoming / name, target / name)
+        if (incoming / TIMESTAMP).is_file() and _valid_timestamp(incoming / TIMESTAMP):
+            shutil.copy2(incoming / TIMESTAMP, target / TIMESTAMP)
+        else:  # nbgrader regrades what is newer
+            (target / TIMESTAMP).write_text(stamp + "\n")
         result.copied.append((student, chapter))
     return result
+
+
+def extra_files(submission_dir: Path, chapter: str) -> list[str]:
+    """The files (and links) a folder of submitted/ holds besides the notebook and
+    timestamp.txt, relative to it."""
+    found = []
+    for folder, subfolders, files in os.walk(submission_dir):
+        here = Path(folder)
+        names = files + [d for d in subfolders if (here / d).is_symlink()]
+        found += [(here / n).relative_to(submission_dir).as_posix() for n in names]
+    return sorted(set(found) - {f"{chapter}.ipynb", TIMESTAMP})
+
+
+# ---------------------------------------------------------------- integrity scan
+
+
+def _scan_module():
+    """course/grade.py of the installed course package, loaded from its file: the scan lives
+    there (`course grade` runs it for learners), and loading the file alone does not import
+    the `course` package, which would start torch and pick a Triton mode in this process."""
+    loaded = sys.modules.get("course_grade_scan")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("course")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise GraderError("the `course` package is not installed in this Python, and the "
+                          "integrity scan lives in it (course/grade.py): run `make test` once "
+                          "(it builds .venv), or `pip install -e .` in the checkout")
+    path = Path(list(spec.submodule_search_locations)[0]) / "grade.py"
+    scan_spec = importlib.util.spec_from_file_location("course_grade_scan", path)
+    module = importlib.util.module_from_spec(scan_spec)
+    sys.modules[scan_spec.name] = module  # dataclasses look their module up while it loads
+    try:
+        scan_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[scan_spec.name]
+        raise
+    return module
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One place in a submission that the integrity scan flagged for review."""
+
+    chapter: str
+    student: str
+    cell: str
+    line: int
+    what: str
+    why: str
+    code: str
+
+    @property
+    def short(self) -> str:
+        return f"{self.cell} line {self.line}: {self.what}"
+
+
+def integrity_flags(course: Course, student: str, chapter: str) -> list[Flag]:
+    """The integrity scan of a collected submission against its chapter's source notebook:
+    the learner's own code that does what a solution should not need to (course/grade.py
+    says what it looks for). Nothing is scored from it: a person reviews the flags."""
+    scan = _scan_module()
+    notebook = course.submitted / student / chapter / f"{chapter}.ipynb"
+    source = course.root / "solutions" / chapter / f"{chapter}.ipynb"
+    try:
+        found = scan.integrity_flags(nbformat.read(notebook, as_version=4),
+                                     nbformat.read(source, as_version=4))
+    except Exception as exc:  # a notebook put there by hand may not be readable
+        return [Flag(chapter, student, "notebook", 0, "could not be scanned",
+                     f"{type(exc).__name__}: {exc}", "")]
+    return [Flag(chapter, student, f.cell, f.line, f.what, f.why, f.code) for f in found]
+
+
+def all_integrity_flags(course: Course) -> dict[tuple[str, str], list[Flag]]:
+    """(chapter, student) -> flags, for every collected submission (clean ones included,
+    with no flags)."""
+    return {(chapter, student): integrity_flags(course, student, chapter)
+            for chapter in course.chapters() for student in course.submissions(chapter)}
+
+
+def write_integrity_csv(course: Course, path: Path) -> tuple[Path, int]:
+    """A row per flag of every collected submission at `path`; returns it and how many
+    submissions were flagged. A submission with no row was scanned and raised no flag."""
+    flagged = {key: flags for key, flags in all_integrity_flags(course).items() if flags}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["assignment", "student_id", "cell", "line", "flag", "why", "code"])
+        for flags in flagged.values():
+            for f in flags:
+                writer.writerow([f.chapter, f.student, f.cell, f.line, f.what, f.why, f.code])
+    return path, len(flagged)
+
+
+def flag_line(student: str, flags: list[Flag], csv_path: str) -> str:
+    """The line autograde prints for a flagged submission."""
+    return (f"  {student}: FLAGGED FOR REVIEW, {len(flags)} integrity flag(s) (details in "
+            f"{csv_path}): " + "; ".join(f.short for f in flags))
 
 
 # ---------------------------------------------------------------- autograde
@@ -237,6 +394,7 @@ class ChapterRun:
     failed: list[str]       # nbgrader could not finish the notebook: scored 0
     seconds: float
     log: Path
+    flags: dict[str, list[Flag]] = field(default_factory=dict)  # student -> integrity flags
 
 
 def _source_hashes(course: Course) -> dict[str, str]:
@@ -301,7 +459,10 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
               say: Callable[[str], None] = print) -> list[ChapterRun]:
     """Autograde the collected submissions, one nbgrader call per chapter. A submission that
     nbgrader cannot run to the end (a cell that ignores the interrupt at its time limit, a
-    dead kernel) is scored 0 in its chapter and listed; other chapters are not touched."""
+    dead kernel) is scored 0 in its chapter and listed; other chapters are not touched.
+    Before grading, every collected submission is scanned for code that a solution should
+    not need (the integrity scan): flagged submissions are listed, and every flag is written
+    to grader/grades_integrity.csv, for the instructor to review. The flags cost no points."""
     if cell_timeout_s is not None and cell_timeout_s <= 0:
         raise GraderError(f"the time limit per cell must be above 0 s, not {cell_timeout_s}")
     selected = course.select(chapters)
@@ -312,6 +473,22 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
     if not todo:
         raise GraderError(f"no submissions to autograde in {course.submitted} for "
                           f"{', '.join(selected)}: run `make collect FROM=<folder>` first")
+    # nbgrader would copy these beside the notebook, whose kernel imports from its own folder
+    # first: a course/ folder there replaces the checkers. `collect` never copies them.
+    extras = [f"{student}/{chapter}: {', '.join(files)}" for chapter, names in todo.items()
+              for student in names
+              if (files := extra_files(course.submitted / student / chapter, chapter))]
+    if extras:
+        raise GraderError(f"nothing was graded: these folders of {course.submitted} hold files "
+                          "besides the notebook, which nbgrader would put beside it where its "
+                          "code can import them in place of the course's own modules:\n  " +
+                          "\n  ".join(extras) + "\nCollect them again with `make collect "
+                          "FROM=<folder>` (it copies only the notebook), or delete those files.")
+    csv_path, flagged = write_integrity_csv(course, course.grader_dir / INTEGRITY_CSV)
+    shown = csv_path.relative_to(course.root) if csv_path.is_relative_to(course.root) \
+        else csv_path
+    say(f"integrity scan: {flagged} collected submission(s) flagged for review "
+        f"(every flag: {shown})")
     env = dict(GRADING_ENV)
     if cell_timeout_s is not None:
         env["GRADER_CELL_TIMEOUT_S"] = str(cell_timeout_s)
@@ -349,13 +526,16 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
                               f"{log}:\n{_tail(log)}")
         for student in failed:
             _zero_grades(course, chapter, student)
-        runs.append(ChapterRun(chapter, names, graded, failed, seconds, log))
+        flags = {s: found for s in names if (found := integrity_flags(course, s, chapter))}
+        runs.append(ChapterRun(chapter, names, graded, failed, seconds, log, flags))
         say(f"{chapter}: {len(graded)} graded, {len(failed)} could not be run to the end, "
             f"in {seconds:.0f} s (log: {log.relative_to(course.root)})")
         for student in failed:
             say(f"  {student}: NOT GRADED, scored 0: the notebook could not run to the end "
                 "(a cell ignored the interrupt at its time limit and its kernel was killed, "
                 "or the kernel died); see the log")
+        for student, found in flags.items():
+            say(flag_line(student, found, str(shown)))
     return runs
 
 
@@ -399,7 +579,8 @@ def cell_grades(course: Course) -> list[CellGrade]:
 
 
 def summary(course: Course, chapters: Sequence[str]) -> str:
-    """A line per student and chapter: score, and the test cells that lost points."""
+    """A line per student and chapter: score, the test cells that lost points, and how many
+    integrity flags the submission has (they cost no points: a person reviews them)."""
     lines = []
     by_key: dict[tuple[str, str], list[CellGrade]] = {}
     for row in cell_grades(course):
@@ -411,8 +592,11 @@ def summary(course: Course, chapters: Sequence[str]) -> str:
             got, out_of = sum(c.score for c in cells), sum(c.max_score for c in cells)
             lost = ", ".join(f"{c.grade_id} ({c.max_score - c.score:g})" for c in cells
                              if c.score < c.max_score)
+            flags = integrity_flags(course, student, chapter)
             lines.append(f"  {chapter:<22} {student:<20} {got:>6g} / {out_of:g}"
-                         + (f"   lost: {lost}" if lost else ""))
+                         + (f"   lost: {lost}" if lost else "")
+                         + (f"   FLAGGED: {len(flags)} integrity flag(s), review by hand"
+                            if flags else ""))
     return "\n".join(lines)
 
 
@@ -433,10 +617,12 @@ def feedback(course: Course, chapters: Sequence[str] | None = None) -> list[Path
     return sorted(p for ch in todo for p in course.feedback.glob(f"*/{ch}/*.html"))
 
 
-def export_grades(course: Course, out: Path | None = None) -> tuple[Path, Path]:
+def export_grades(course: Course, out: Path | None = None) -> tuple[Path, Path, Path]:
     """nbgrader's CSV (a row per student and chapter) at `out` (default grader/grades.csv),
-    and a row per student and test cell beside it (grades_by_exercise.csv)."""
+    a row per student and test cell beside it (grades_by_exercise.csv), and a row per
+    integrity flag of every collected submission (grades_integrity.csv)."""
     out = (course.grader_dir / "grades.csv") if out is None else Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)  # nbgrader does not create it
     log = course.logs / "export.log"
     status = run_nbgrader(course, ["export", f"--to={out}"], log)
     if status != 0 or not out.is_file():
@@ -449,7 +635,8 @@ def export_grades(course: Course, out: Path | None = None) -> tuple[Path, Path]:
         for row in cell_grades(course):
             writer.writerow([row.chapter, row.student, row.grade_id, f"{row.score:g}",
                              f"{row.max_score:g}"])
-    return out, by_exercise
+    integrity, _ = write_integrity_csv(course, out.with_name(f"{out.stem}_integrity.csv"))
+    return out, by_exercise, integrity
 
 
 # ---------------------------------------------------------------- command line
@@ -493,6 +680,13 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
                      if done.unchanged else ""))
             for student, chapter in done.copied:
                 print(f"  {student}/{chapter}")
+            if done.skipped:
+                print("only the notebooks were collected; these files beside them were "
+                      "left out (a file there could stand in for a course module when the "
+                      "notebook runs):")
+            for (student, chapter), files in done.skipped.items():
+                print(f"  {student}/{chapter}: {len(files)} file(s) left out: "
+                      + ", ".join(files))
             return 0
         if args.step == "autograde":
             runs = autograde(course, _split(args.chapters), _split(args.students),
@@ -504,8 +698,9 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
             print(f"wrote {len(files)} feedback file(s) under {course.feedback}")
             return 0
         if args.step == "grades":
-            out, by_exercise = export_grades(course, args.out)
-            print(f"wrote {out} (per chapter) and {by_exercise} (per test cell)")
+            out, by_exercise, integrity = export_grades(course, args.out)
+            print(f"wrote {out} (per chapter), {by_exercise} (per test cell) and {integrity} "
+                  "(per integrity flag: review those submissions by hand)")
             return 0
     except GraderError as exc:
         print(f"{args.step} failed: {exc}", file=sys.stderr)
