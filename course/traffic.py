@@ -12,7 +12,9 @@ What is counted, and why:
   is counted once: after the first program fetches it, the others hit in L2.
 - Statistics (rstd, mean) are float32, four bytes per row.
 - FLOPs are counted honestly, one per arithmetic operation on a value (no FMA fusion,
-  no tensor cores). RMSNorm forward: square, accumulate, multiply by rstd, multiply by
+  no tensor cores). Datasheet float32 peaks count a fused multiply-add as two FLOPs, so a
+  plain add or multiply runs at half the quoted peak: time for this count is at most
+  FLOPs / (peak / 2). RMSNorm forward: square, accumulate, multiply by rstd, multiply by
   the weight = 4 per element, plus 4 per row (divide by N, add eps, square root,
   reciprocal). LayerNorm forward: accumulate x, subtract the mean, square, accumulate,
   multiply by rstd, by the weight, add the bias = 7 per element, plus 5 per row.
@@ -24,7 +26,9 @@ float32. The operations it lists are four, so the intensity is 4N / 8N = 0.5 FLO
 the norm then sits ~590x to the left, not ~500x. Either way the verdict is the same, and
 it is stronger than the seed says: a norm's arithmetic runs on the fp32 CUDA cores, whose
 own ridge on an H100 SXM is ~20 FLOP/byte (67 TFLOP/s over 3.35 TB/s), still ~40x to the
-right of the norm. Tensor cores never enter the picture.
+right of the norm; against half that peak, the rate that matches a count without FMAs,
+the ridge is ~10 FLOP/byte and the norm ~20x to its left. Tensor cores never enter the
+picture.
 """
 
 from __future__ import annotations

@@ -352,15 +352,26 @@ def test_reduction_ends_with_the_rows_sum_in_log2_steps(mode, threads):
 
 
 @pytest.mark.parametrize("threads", [2, 8, 32, 64])
-def test_tree_needs_one_barrier_per_level(threads):
+def test_tree_needs_a_barrier_after_the_writes_and_after_every_level(threads):
     steps = reduction_schedule(ROW, threads, "tree")
-    assert sum(step.barrier for step in steps) == int(math.log2(threads))
+    assert sum(step.barrier for step in steps) == int(math.log2(threads)) + 1
 
 
-@pytest.mark.parametrize("threads, barriers", [(2, 0), (8, 0), (32, 0), (64, 1)])
-def test_shuffles_need_no_barrier_within_a_warp_and_one_across_warps(threads, barriers):
+@pytest.mark.parametrize("threads, barriers", [(2, 0), (8, 0), (32, 0), (64, 2)])
+def test_shuffles_need_no_barrier_within_a_warp_and_two_across_warps(threads, barriers):
     steps = reduction_schedule(ROW, threads, "shuffle")
     assert sum(step.barrier for step in steps) == barriers
+
+
+@pytest.mark.parametrize("mode", ["tree", "shuffle"])
+@pytest.mark.parametrize("threads", [2, 32, 64])
+def test_every_thread_ends_with_the_total_as_a_norm_needs(mode, threads):
+    steps = reduction_schedule(ROW, threads, mode)
+    assert list(steps[-1].after) == [sum(ROW)] * threads
+    if threads > 32 or mode == "tree":
+        # The total reaches the other threads through shared memory, read after a barrier.
+        assert not steps[-1].combines and set(steps[-1].edges) == {(0, t) for t in
+                                                                    range(threads)}
 
 
 def test_tree_level_adds_the_upper_half_into_the_lower_half():
@@ -392,9 +403,9 @@ def test_visualiser_steps_through_to_the_rows_sum():
     viz = reduction_visualiser(length=16, threads=8, mode="tree", seed=1)
     row = viz.row
     assert len(row) == 16
-    assert viz.levels == 3 and viz.barriers == 3
-    assert "barriers (__syncthreads): 3" in viz.summary_text
-    assert viz.step.max == 3
+    assert viz.levels == 3 and viz.barriers == 4
+    assert "barriers (__syncthreads): 4" in viz.summary_text
+    assert viz.step.max == 4
     viz.next_button.click()
     viz.next_button.click()
     assert viz.step.value == 2
@@ -409,13 +420,14 @@ def test_visualiser_steps_through_to_the_rows_sum():
     assert {str(v) for v in viz.partials_at(viz.step.max)} <= shown
 
 
-def test_visualiser_shuffle_mode_reports_no_barrier_in_one_warp_and_one_for_two():
+def test_visualiser_shuffle_mode_reports_no_barrier_in_one_warp_and_two_for_two():
     viz = reduction_visualiser(length=40, threads=32, mode="tree")
     viz.mode.value = "shuffle"
     assert viz.barriers == 0 and viz.levels == 5
     assert "barriers (__syncthreads): 0" in viz.summary_text
     viz.threads.value = 64
-    assert viz.barriers == 1 and viz.levels == 6
+    assert viz.barriers == 2 and viz.levels == 6
+    assert "one before every thread reads the total back" in viz.summary_text
     viz.step.value = viz.step.max
     assert viz.result == sum(viz.row)
 
@@ -424,13 +436,13 @@ def test_visualiser_controls_rebuild_the_schedule():
     viz = reduction_visualiser(length=16, threads=16)
     viz.step.value = viz.step.max
     viz.threads.value = 2                      # fewer steps: the step slider is clamped
-    assert viz.step.max == 1 and viz.step.value == 1
+    assert viz.step.max == 2 and viz.step.value == 2
     viz.length.value = 64
     assert len(viz.row) == 64 and viz.result == sum(viz.row)
     old_row = viz.row
     viz.new_row_button.click()
     assert viz.row != old_row and viz.result == sum(viz.row)
-    with pytest.raises(ValueError, match="step must be from 0 to 1"):
+    with pytest.raises(ValueError, match="step must be from 0 to 2"):
         viz.partials_at(5)
 
 

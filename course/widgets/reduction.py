@@ -5,15 +5,21 @@
 `tl.sum` hides this; here it is step by step. First every thread adds up its own strided
 share of the row in registers (thread t takes elements t, t + T, t + 2T, ...; threads
 past the end of a short row load zeros, as a masked load with other=0 does). Then the
-T partial sums are combined in log2(T) steps, in one of two ways:
+T partial sums are combined in log2(T) steps, in one of two ways. A norm needs the total
+in every thread (each multiplies its own values by rstd), so both end with it there:
 
-- shared-memory tree: the partials go to shared memory; at each level the lower half of
-  the slots adds in the upper half. Each level reads slots that other threads wrote, so
-  each waits at a barrier (__syncthreads) first: log2(T) barriers.
+- shared-memory tree: the partials go to shared memory, behind a barrier (__syncthreads);
+  at each level the lower half of the slots adds in the upper half, and the next level
+  reads what this one wrote, so each level ends at a barrier too. After the last, every
+  thread reads the total from slot 0: log2(T) + 1 barriers.
 - warp shuffle (butterfly): lanes of a warp swap registers directly, lane l adding the
   value of lane l XOR offset, no memory and no barrier; after log2(32) steps every lane
-  holds the warp's sum. With more than one warp, lane 0 of each writes its sum to shared
-  memory, one barrier, and the first warp combines those sums with shuffles.
+  holds the warp's sum. With one warp that is the end. With more, lane 0 of each writes
+  its sum to shared memory, a barrier, and the first warp combines those sums with
+  shuffles; its lane 0 writes the total back to shared memory, and after a second barrier
+  every thread reads it. That is how Triton 3.6 compiles tl.sum (two bar.sync in the
+  PTX); Triton 3.9 instead lets every warp read all the warps' sums and combine them
+  itself, a few redundant shuffles in exchange for the second barrier.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ class ReductionStep:
     after: tuple[float, ...]
     live: tuple[bool, ...]
     edges: tuple[tuple[int, int], ...]
-    barrier: bool        # the step ends with a __syncthreads() before the next may read
+    barrier: bool        # the step holds a __syncthreads() before its values may be read
     combines: bool       # one of the log2(threads) levels that add partial sums together
     after_label: str = "lanes"
 
@@ -80,7 +86,8 @@ def reduction_schedule(row: Sequence[float], threads: int, mode: str,
     """Every step of summing `row` with `threads` threads, in `mode` 'tree' or 'shuffle'.
 
     The first step is each thread's own serial sum; `combines` marks the log2(threads)
-    steps after it that add partial sums together. In the last step lane 0 holds the sum.
+    steps after it that add partial sums together. After the last step every lane holds
+    the sum, as a norm needs (the last step is the broadcast where one is needed).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
@@ -113,8 +120,11 @@ def reduction_schedule(row: Sequence[float], threads: int, mode: str,
             steps.append(ReductionStep(
                 f"threads 0..{stride - 1} add slot t+{stride} into slot t",
                 before, tuple(partials), tuple(t < stride for t in range(T)), tuple(edges),
-                barrier=stride > 1, combines=True, after_label="smem slots"))
+                barrier=True, combines=True, after_label="smem slots"))
             stride //= 2
+        steps.append(_broadcast(partials, "every thread reads the total from slot 0 (the "
+                                "last barrier let them: the norm needs it in every thread)",
+                                barrier=False))
         return steps
 
     warps = max(1, T // warp_size)
@@ -152,7 +162,18 @@ def reduction_schedule(row: Sequence[float], threads: int, mode: str,
                 before, tuple(partials), tuple(t < warps for t in range(T)), tuple(edges),
                 barrier=False, combines=True))
             offset //= 2
+        steps.append(_broadcast(partials, "lane 0 of warp 0 writes the total to shared "
+                                "memory; a second barrier; every thread reads it back (the "
+                                "norm needs it in every thread)", barrier=True))
     return steps
+
+
+def _broadcast(before: Sequence[float], description: str, *, barrier: bool) -> ReductionStep:
+    """The total, in slot or lane 0 of `before`, read by every thread."""
+    threads = len(before)
+    return ReductionStep(description, tuple(before), (before[0],) * threads, (True,) * threads,
+                         tuple((0, t) for t in range(threads)), barrier=barrier,
+                         combines=False)
 
 
 def _fmt(value: float) -> str:
@@ -240,7 +261,7 @@ class ReductionVisualiser(CourseWidget):
 
     @property
     def result(self) -> float:
-        """Lane 0's value after the last step: the row's sum."""
+        """Lane 0's value after the last step: the row's sum (every lane holds it)."""
         return self.steps[-1].after[0]
 
     # ------------------------------------------------------------ recomputing
@@ -275,12 +296,15 @@ class ReductionVisualiser(CourseWidget):
 
     def _barrier_rule(self) -> str:
         if self.mode.value == "tree":
-            return (f"{self.barriers} (one per level: each level reads slots other threads "
-                    "wrote)")
+            return (f"{self.barriers} (one after the threads write their sums, then one per "
+                    "level: each level, and at the end every thread, reads slots other "
+                    "threads wrote)")
         if self.warps == 1:
-            return "0 (shuffles move registers within a warp: nothing to wait for)"
-        return (f"{self.barriers} (none within a warp; one for the exchange of the "
-                f"{self.warps} warps' sums through shared memory)")
+            return ("0 (shuffles move registers within a warp, and leave the total in every "
+                    "lane: nothing to wait for)")
+        return (f"{self.barriers} (none within a warp; one before warp 0 reads the "
+                f"{self.warps} warps' sums from shared memory, one before every thread reads "
+                "the total back)")
 
     def _summary_text(self) -> str:
         k = self.step.value
@@ -293,13 +317,17 @@ class ReductionVisualiser(CourseWidget):
             f"combining steps: log2({T}) = {self.levels}; barriers (__syncthreads): "
             f"{self._barrier_rule()}",
             f"step {k} of {len(self.steps) - 1}: {step.description}"
-            + (" -- then a barrier" if step.barrier else ""),
+            # Steps that go through shared memory name their barrier where it falls.
+            + (" -- then a barrier" if step.barrier and "barrier" not in step.description
+               else ""),
             f"barriers so far: {barriers_so_far}; lane 0 holds {_fmt(step.after[0])}",
         ]
         if k == len(self.steps) - 1:
             verdict = "equals" if self.result == sum(self.row) else "DOES NOT equal"
+            everywhere = all(v == self.result for v in step.after)
             lines.append(f"done: lane 0 holds {_fmt(self.result)}, which {verdict} the row's "
-                         f"sum {_fmt(sum(self.row))}")
+                         f"sum {_fmt(sum(self.row))}"
+                         + ("; so does every other thread" if everywhere else ""))
         return "\n".join(lines)
 
     # ------------------------------------------------------------ drawing
@@ -314,8 +342,9 @@ class ReductionVisualiser(CourseWidget):
         k = self.step.value
         step = self.steps[k]
         ax = self.plot.new_axes()
-        before_label = "row x" if k == 0 else ("smem before" if step.after_label == "smem slots"
-                                               else "lanes before")
+        # What a step reads is what the step before it left: slots or lanes.
+        before_label = "row x" if k == 0 else (
+            "smem before" if self.steps[k - 1].after_label == "smem slots" else "lanes before")
         before_pos, bottom = self._strip_positions(len(step.before), 0.0)
         after_pos, _ = self._strip_positions(len(step.after), bottom - 1.2)
         for src, dst in step.edges:

@@ -101,17 +101,26 @@ class RooflineExplorer(CourseWidget):
             where = f"{1 / self.distance:.0f}x right of the ridge: compute-bound"
         memory_s = t.bytes / spec.hbm_bytes_per_s
         compute_s = t.flops / spec.peak_flops(torch.float32)
+        ridge_line = (f"{spec.name} ridge point for {dtype}: {self.ridge:.1f} FLOP/byte "
+                      f"({spec.peak_flops(traffic.as_torch_dtype(dtype)) / 1e12:.0f} TFLOP/s "
+                      f"over {spec.hbm_gbps:.0f} GB/s)")
+        if self._no_bf16_units():
+            ridge_line += (f"; the {spec.name} has no bfloat16 tensor cores, so this is the "
+                           "roof of its float32 units")
         return "\n".join([
             f"{self.kernel_label}, M = {self.m_slider.value}, N = {self.n_slider.value}, "
             f"{dtype}: {t.intensity:.3f} FLOP/byte",
-            f"{spec.name} ridge point for {dtype}: {self.ridge:.1f} FLOP/byte "
-            f"({spec.peak_flops(traffic.as_torch_dtype(dtype)) / 1e12:.0f} TFLOP/s over "
-            f"{spec.hbm_gbps:.0f} GB/s)",
+            ridge_line,
             where,
             f"time floor at peak: {format_seconds(self.time_floor_s)} (bytes at peak "
             f"bandwidth {format_seconds(memory_s)}; FLOPs at the fp32 peak "
             f"{format_seconds(compute_s)})",
         ])
+
+    def _no_bf16_units(self) -> bool:
+        """bfloat16 chosen on a GPU without bfloat16 tensor cores (its fp32 peak stands in)."""
+        return (traffic.as_torch_dtype(self.dtype.value) == torch.bfloat16
+                and self.spec.bf16_tflops is None)
 
     def _draw(self) -> None:
         spec, dtype = self.spec, traffic.as_torch_dtype(self.dtype.value)
@@ -120,8 +129,10 @@ class RooflineExplorer(CourseWidget):
         intensities = np.logspace(np.log10(_INTENSITY_RANGE[0]), np.log10(_INTENSITY_RANGE[1]),
                                   200)
         ax = self.plot.new_axes()
+        roof = (f"{spec.name}, fp32 peak (no bf16 tensor cores)" if self._no_bf16_units()
+                else f"{spec.name}, {self.dtype.value} peak")
         ax.plot(intensities, np.minimum(peak, intensities * bandwidth), color="tab:blue",
-                label=f"{spec.name}, {self.dtype.value} peak")
+                label=roof)
         fp32_peak = spec.peak_flops(torch.float32)
         if fp32_peak != peak:
             # A norm's arithmetic runs on the fp32 CUDA cores, whose roof is lower.

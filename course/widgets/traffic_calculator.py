@@ -12,7 +12,7 @@ at the chosen shape with `course.bench.measure` and puts the result beside the p
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,6 +180,35 @@ def _variant(kernel: str) -> Variant:
     return VARIANTS[kernel]
 
 
+# The values the "rows per program" dropdown offers (None: "auto").
+PARTIAL_ROWS_CHOICES = tuple(2**k for k in range(13))
+
+
+def _option_defaults(kernel: str, variant: Variant, given: Mapping[str, Any] | None
+                     ) -> dict[str, Any]:
+    """The variant's options as the controls open: its defaults, with `given` over them.
+    A name the variant does not have, or a value its control cannot show, is refused."""
+    defaults = dict(variant.options)
+    if given is None:
+        return defaults
+    if not isinstance(given, Mapping):
+        raise TypeError(f"options must be a dict of option name -> value, got {given!r}")
+    for name, value in given.items():
+        if name not in defaults:
+            known = ", ".join(defaults) if defaults else "none"
+            raise ValueError(f"{kernel!r} has no option {name!r}; its options: {known}")
+        if name == "partial_rows":
+            if value is not None and (isinstance(value, bool)
+                                      or value not in PARTIAL_ROWS_CHOICES):
+                raise ValueError(f"partial_rows must be None (auto) or a power of two from 1 "
+                                 f"to {PARTIAL_ROWS_CHOICES[-1]}, got {value!r}")
+        elif not isinstance(value, bool):
+            raise TypeError(f"option {name!r} is ticked or not: pass True or False, "
+                            f"got {value!r}")
+        defaults[name] = value
+    return defaults
+
+
 @dataclass(frozen=True)
 class DeviceRates:
     """What the GPU in hand was measured to do (course.hardware, once per process)."""
@@ -210,9 +239,10 @@ class TrafficCalculator(CourseWidget):
 
     def __init__(self, kernel: str, fn: Callable[..., Any] | None = None, *, M: int = 16384,
                  N: int = 4096, dtype: traffic.DTypeLike = "bfloat16",
-                 gpu: str | None = None) -> None:
+                 gpu: str | None = None, options: Mapping[str, Any] | None = None) -> None:
         self.kernel = kernel
         self.variant = _variant(kernel)
+        option_defaults = _option_defaults(kernel, self.variant, options)
         if fn is not None and not callable(fn):
             raise TypeError(f"fn must be your kernel's wrapper function (or None), got {fn!r}")
         self.fn = fn
@@ -232,7 +262,7 @@ class TrafficCalculator(CourseWidget):
         self.gpu = gpu_dropdown(gpu)
         self.options: dict[str, widgets.ValueWidget] = {
             name: self._option_control(name, default)
-            for name, default in self.variant.options.items()}
+            for name, default in option_defaults.items()}
         self.measure_button = widgets.Button(description="measure", icon="stopwatch",
                                              layout=widgets.Layout(width="120px"))
         # HTML rather than Label: a long message wraps instead of being cut off.
@@ -260,7 +290,7 @@ class TrafficCalculator(CourseWidget):
     def _option_control(name: str, default: Any) -> widgets.ValueWidget:
         label = _OPTION_LABELS[name]
         if name == "partial_rows":
-            choices = [(AUTO, AUTO)] + [(str(2**k), 2**k) for k in range(13)]
+            choices = [(AUTO, AUTO)] + [(str(rows), rows) for rows in PARTIAL_ROWS_CHOICES]
             return widgets.Dropdown(options=choices, value=AUTO if default is None else default,
                                     description=label,
                                     style={"description_width": "initial"},
@@ -497,14 +527,18 @@ class TrafficCalculator(CourseWidget):
 
 def traffic_calculator(kernel: str, fn: Callable[..., Any] | None = None, *, M: int = 16384,
                        N: int = 4096, dtype: traffic.DTypeLike = "bfloat16",
-                       gpu: str | None = None) -> TrafficCalculator:
+                       gpu: str | None = None, options: Mapping[str, Any] | None = None
+                       ) -> TrafficCalculator:
     """The HBM-traffic calculator for one kernel variant (see VARIANTS for the names).
 
     `fn` is your exercise's wrapper (for example `rmsnorm(x, weight, eps)`); with it and a
     GPU the "measure" button times it at the chosen shape. `gpu` names a row of the spec
-    table; by default the GPU in hand if the table knows it, else the H100 SXM.
+    table; by default the GPU in hand if the table knows it, else the H100 SXM. `options`
+    sets how the variant's own controls open, by name (VARIANTS[kernel].options lists them
+    with their defaults): for example {"save_stats": False} for a LayerNorm that saves no
+    statistics.
     """
-    return TrafficCalculator(kernel, fn, M=M, N=N, dtype=dtype, gpu=gpu)
+    return TrafficCalculator(kernel, fn, M=M, N=N, dtype=dtype, gpu=gpu, options=options)
 
 
 __all__ = ["NO_GPU_LABEL", "VARIANTS", "DeviceRates", "TrafficCalculator", "Variant",
