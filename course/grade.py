@@ -597,7 +597,7 @@ class _Scan(ast.NodeVisitor):
                 self._flag(node, f"runs the magic {prefix}{magic}", why)
             return True
         if func.attr in ("system", "getoutput"):
-            self._flag(node, "runs a shell command (!)", "shell commands")
+            self._flag(node, "runs a shell command (!)", _SHELL)
             return True
         self._flag(node, f"calls get_ipython().{func.attr}()",
                    "the notebook's kernel driven from inside: cells run or names changed "

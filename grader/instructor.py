@@ -195,22 +195,33 @@ def _valid_timestamp(path: Path) -> bool:
         return False
 
 
+def _files_in(folder: Path, *, leave_out: frozenset[str] | set[str] = frozenset()
+              ) -> list[str]:
+    """Every file (and link) under `folder`, as sorted paths relative to it; a file or
+    folder named in `leave_out` is skipped."""
+    found = []
+    for here, subfolders, files in os.walk(folder):
+        here = Path(here)
+        subfolders[:] = [d for d in subfolders if d not in leave_out]
+        found += [(here / name).relative_to(folder).as_posix()
+                  for name in files + [d for d in subfolders if (here / d).is_symlink()]
+                  if name not in leave_out]
+    return sorted(found)
+
+
 def _other_files(chapter_dir: Path, chapter: str) -> list[str]:
     """Every file (or link) in a submission's chapter folder but the notebook and a readable
     timestamp.txt, as paths relative to it; editor litter is left out."""
     found = []
-    for folder, subfolders, files in os.walk(chapter_dir):
-        here = Path(folder)
-        subfolders[:] = [d for d in subfolders if d not in EDITOR_LITTER]
-        for name in files + [d for d in subfolders if (here / d).is_symlink()]:
-            relative = (here / name).relative_to(chapter_dir).as_posix()
-            if name in EDITOR_LITTER or relative == f"{chapter}.ipynb":
+    for relative in _files_in(chapter_dir, leave_out=EDITOR_LITTER):
+        if relative == f"{chapter}.ipynb":
+            continue
+        if relative == TIMESTAMP:
+            if _valid_timestamp(chapter_dir / TIMESTAMP):
                 continue
-            if relative == TIMESTAMP and _valid_timestamp(here / name):
-                continue
-            found.append(relative + (" (not a timestamp nbgrader can read)"
-                                     if relative == TIMESTAMP else ""))
-    return sorted(found)
+            relative += " (not a timestamp nbgrader can read)"
+        found.append(relative)
+    return found
 
 
 def collect(course: Course, folder: Path) -> Collected:
@@ -288,12 +299,7 @@ def collect(course: Course, folder: Path) -> Collected:
 def extra_files(submission_dir: Path, chapter: str) -> list[str]:
     """The files (and links) a folder of submitted/ holds besides the notebook and
     timestamp.txt, relative to it."""
-    found = []
-    for folder, subfolders, files in os.walk(submission_dir):
-        here = Path(folder)
-        names = files + [d for d in subfolders if (here / d).is_symlink()]
-        found += [(here / n).relative_to(submission_dir).as_posix() for n in names]
-    return sorted(set(found) - {f"{chapter}.ipynb", TIMESTAMP})
+    return [f for f in _files_in(submission_dir) if f not in (f"{chapter}.ipynb", TIMESTAMP)]
 
 
 # ---------------------------------------------------------------- integrity scan
@@ -323,24 +329,12 @@ def _scan_module():
     return module
 
 
-@dataclass(frozen=True)
-class Flag:
-    """One place in a submission that the integrity scan flagged for review."""
-
-    chapter: str
-    student: str
-    cell: str
-    line: int
-    what: str
-    why: str
-    code: str
-
-    @property
-    def short(self) -> str:
-        return f"{self.cell} line {self.line}: {self.what}"
+# A flag is the scan's own course.grade.IntegrityFlag (cell, line, what, why, code, short),
+# kept under the (chapter, student) of its submission.
+Flags = dict[tuple[str, str], list]
 
 
-def integrity_flags(course: Course, student: str, chapter: str) -> list[Flag]:
+def integrity_flags(course: Course, student: str, chapter: str) -> list:
     """The integrity scan of a collected submission against its chapter's source notebook:
     the learner's own code that does what a solution should not need to (course/grade.py
     says what it looks for). Nothing is scored from it: a person reviews the flags."""
@@ -351,33 +345,33 @@ def integrity_flags(course: Course, student: str, chapter: str) -> list[Flag]:
         found = scan.integrity_flags(nbformat.read(notebook, as_version=4),
                                      nbformat.read(source, as_version=4))
     except Exception as exc:  # a notebook put there by hand may not be readable
-        return [Flag(chapter, student, "notebook", 0, "could not be scanned",
-                     f"{type(exc).__name__}: {exc}", "")]
-    return [Flag(chapter, student, f.cell, f.line, f.what, f.why, f.code) for f in found]
+        return [scan.IntegrityFlag("notebook", 0, "could not be scanned",
+                                   f"{type(exc).__name__}: {exc}", "")]
+    return found
 
 
-def all_integrity_flags(course: Course) -> dict[tuple[str, str], list[Flag]]:
+def all_integrity_flags(course: Course) -> Flags:
     """(chapter, student) -> flags, for every collected submission (clean ones included,
     with no flags)."""
     return {(chapter, student): integrity_flags(course, student, chapter)
             for chapter in course.chapters() for student in course.submissions(chapter)}
 
 
-def write_integrity_csv(course: Course, path: Path) -> tuple[Path, int]:
-    """A row per flag of every collected submission at `path`; returns it and how many
-    submissions were flagged. A submission with no row was scanned and raised no flag."""
-    flagged = {key: flags for key, flags in all_integrity_flags(course).items() if flags}
+def write_integrity_csv(flags: Flags, path: Path) -> tuple[Path, int]:
+    """A row per flag (`all_integrity_flags`) at `path`; returns it and how many submissions
+    were flagged. A submission with no row was scanned and raised no flag."""
+    flagged = {key: found for key, found in flags.items() if found}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["assignment", "student_id", "cell", "line", "flag", "why", "code"])
-        for flags in flagged.values():
-            for f in flags:
-                writer.writerow([f.chapter, f.student, f.cell, f.line, f.what, f.why, f.code])
+        for (chapter, student), found in flagged.items():
+            for f in found:
+                writer.writerow([chapter, student, f.cell, f.line, f.what, f.why, f.code])
     return path, len(flagged)
 
 
-def flag_line(student: str, flags: list[Flag], csv_path: str) -> str:
+def flag_line(student: str, flags: list, csv_path: str) -> str:
     """The line autograde prints for a flagged submission."""
     return (f"  {student}: FLAGGED FOR REVIEW, {len(flags)} integrity flag(s) (details in "
             f"{csv_path}): " + "; ".join(f.short for f in flags))
@@ -394,7 +388,8 @@ class ChapterRun:
     failed: list[str]       # nbgrader could not finish the notebook: scored 0
     seconds: float
     log: Path
-    flags: dict[str, list[Flag]] = field(default_factory=dict)  # student -> integrity flags
+    # Student -> integrity flags, for every collected submission of the chapter.
+    flags: dict[str, list] = field(default_factory=dict)
 
 
 def _source_hashes(course: Course) -> dict[str, str]:
@@ -484,7 +479,8 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
                           "code can import them in place of the course's own modules:\n  " +
                           "\n  ".join(extras) + "\nCollect them again with `make collect "
                           "FROM=<folder>` (it copies only the notebook), or delete those files.")
-    csv_path, flagged = write_integrity_csv(course, course.grader_dir / INTEGRITY_CSV)
+    scanned = all_integrity_flags(course)  # once: the CSV, and each chapter's lines below
+    csv_path, flagged = write_integrity_csv(scanned, course.grader_dir / INTEGRITY_CSV)
     shown = csv_path.relative_to(course.root) if csv_path.is_relative_to(course.root) \
         else csv_path
     say(f"integrity scan: {flagged} collected submission(s) flagged for review "
@@ -526,7 +522,9 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
                               f"{log}:\n{_tail(log)}")
         for student in failed:
             _zero_grades(course, chapter, student)
-        flags = {s: found for s in names if (found := integrity_flags(course, s, chapter))}
+        # Every collected submission of the chapter, as the summary lists them all.
+        flags = {s: found for s in course.submissions(chapter)
+                 if (found := scanned.get((chapter, s)))}
         runs.append(ChapterRun(chapter, names, graded, failed, seconds, log, flags))
         say(f"{chapter}: {len(graded)} graded, {len(failed)} could not be run to the end, "
             f"in {seconds:.0f} s (log: {log.relative_to(course.root)})")
@@ -534,8 +532,9 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
             say(f"  {student}: NOT GRADED, scored 0: the notebook could not run to the end "
                 "(a cell ignored the interrupt at its time limit and its kernel was killed, "
                 "or the kernel died); see the log")
-        for student, found in flags.items():
-            say(flag_line(student, found, str(shown)))
+        for student in names:
+            if student in flags:
+                say(flag_line(student, flags[student], str(shown)))
     return runs
 
 
@@ -578,9 +577,11 @@ def cell_grades(course: Course) -> list[CellGrade]:
     return rows
 
 
-def summary(course: Course, chapters: Sequence[str]) -> str:
+def summary(course: Course, chapters: Sequence[str], flags: Flags | None = None) -> str:
     """A line per student and chapter: score, the test cells that lost points, and how many
-    integrity flags the submission has (they cost no points: a person reviews them)."""
+    integrity flags the submission has (they cost no points: a person reviews them).
+    `flags`: the scan's results if already at hand (`all_integrity_flags`)."""
+    flags = all_integrity_flags(course) if flags is None else flags
     lines = []
     by_key: dict[tuple[str, str], list[CellGrade]] = {}
     for row in cell_grades(course):
@@ -592,11 +593,11 @@ def summary(course: Course, chapters: Sequence[str]) -> str:
             got, out_of = sum(c.score for c in cells), sum(c.max_score for c in cells)
             lost = ", ".join(f"{c.grade_id} ({c.max_score - c.score:g})" for c in cells
                              if c.score < c.max_score)
-            flags = integrity_flags(course, student, chapter)
+            found = flags.get((chapter, student))
             lines.append(f"  {chapter:<22} {student:<20} {got:>6g} / {out_of:g}"
                          + (f"   lost: {lost}" if lost else "")
-                         + (f"   FLAGGED: {len(flags)} integrity flag(s), review by hand"
-                            if flags else ""))
+                         + (f"   FLAGGED: {len(found)} integrity flag(s), review by hand"
+                            if found else ""))
     return "\n".join(lines)
 
 
@@ -635,7 +636,8 @@ def export_grades(course: Course, out: Path | None = None) -> tuple[Path, Path, 
         for row in cell_grades(course):
             writer.writerow([row.chapter, row.student, row.grade_id, f"{row.score:g}",
                              f"{row.max_score:g}"])
-    integrity, _ = write_integrity_csv(course, out.with_name(f"{out.stem}_integrity.csv"))
+    integrity, _ = write_integrity_csv(all_integrity_flags(course),
+                                       out.with_name(f"{out.stem}_integrity.csv"))
     return out, by_exercise, integrity
 
 
@@ -691,7 +693,8 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
         if args.step == "autograde":
             runs = autograde(course, _split(args.chapters), _split(args.students),
                              force=args.force, cell_timeout_s=args.cell_timeout)
-            print("scores:\n" + summary(course, [r.chapter for r in runs]))
+            scanned = {(r.chapter, s): found for r in runs for s, found in r.flags.items()}
+            print("scores:\n" + summary(course, [r.chapter for r in runs], scanned))
             return 1 if any(r.failed for r in runs) else 0
         if args.step == "feedback":
             files = feedback(course, _split(args.chapters))

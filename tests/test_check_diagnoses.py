@@ -16,6 +16,7 @@ import rmsnorm_variants
 import torch
 import triton
 import triton.language as tl
+import two_pass_variants
 
 from solutions.kernels import validation
 
@@ -25,42 +26,6 @@ WIDE_ADVICE = "Only rows longer than one block fail"
 
 
 # --------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _two_pass_divides_by_block_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols,
-                                      eps, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols,
-                    other=0.0).to(tl.float32)
-        acc += x * x
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / BLOCK_N + eps)  # the bug: BLOCK_N, not n_cols
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
-                 mask=mask)
-
-
-@triton.jit
-def _two_pass_first_block_only_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols,
-                                      eps, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)  # the bug: pass 1 has no loop
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
-                 mask=mask)
 
 
 @triton.jit
@@ -81,23 +46,6 @@ def _add_rmsnorm_unrounded_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, residu
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y_row + cols, (h * rstd * w).to(y_ptr.dtype.element_ty),
              mask=mask)
-
-
-def _rmsnorm_wrapper(kernel, block_cap: int | None = None):
-    """rmsnorm(x, weight, eps) launching `kernel` with BLOCK_N = next_power_of_2(N), at most
-    `block_cap` (a two-pass kernel's fixed block)."""
-    def rmsnorm(x, weight, eps=1e-6):
-        x2 = validation.as_rows(x)
-        validation.check_param(x, weight, "weight")
-        eps = validation.check_eps(eps)
-        M, N = x2.shape
-        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-        block_n = triton.next_power_of_2(N)
-        if block_cap is not None:
-            block_n = min(block_cap, block_n)
-        kernel[(M,)](x2, weight, y, x2.stride(0), y.stride(0), N, eps, BLOCK_N=block_n)
-        return y.view(x.shape)
-    return rmsnorm
 
 
 def add_rmsnorm_unrounded(x, residual, weight, eps=1e-6):
@@ -126,7 +74,7 @@ def _failure(checker, fn, seed: int = 3) -> str:
 
 def test_two_pass_mean_divided_by_block_n_is_named_not_blamed_on_the_mask():
     message = _failure(check.rmsnorm_two_pass,
-                       _rmsnorm_wrapper(_two_pass_divides_by_block_kernel, block_cap=1024))
+                       two_pass_variants.mean_over_block)
     assert BLOCK_ADVICE in message, message
     # The factor seen is quoted with the block it implies: rows of 100 in a block of 128.
     assert "sqrt(128 / 100)" in message, message
@@ -135,7 +83,7 @@ def test_two_pass_mean_divided_by_block_n_is_named_not_blamed_on_the_mask():
 
 def test_two_pass_that_sums_only_the_first_block_gets_the_loop_advice_not_block_n():
     message = _failure(check.rmsnorm_two_pass,
-                       _rmsnorm_wrapper(_two_pass_first_block_only_kernel, block_cap=1024))
+                       two_pass_variants.sums_first_block_only)
     assert WIDE_ADVICE in message, message
     assert BLOCK_ADVICE not in message, message
 

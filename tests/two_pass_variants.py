@@ -16,11 +16,13 @@ BLOCK_N = 1024  # several blocks per row for the long-row cases
 
 @triton.jit
 def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
-                    BLOCK_N: tl.constexpr, ACCUMULATE: tl.constexpr, LOOP: tl.constexpr):
+                    BLOCK_N: tl.constexpr, ACCUMULATE: tl.constexpr, LOOP: tl.constexpr,
+                    SUM_LOOP: tl.constexpr, MEAN_OVER_BLOCK: tl.constexpr):
     row = tl.program_id(0)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     end = n_cols if LOOP else BLOCK_N
-    for start in range(0, end, BLOCK_N):
+    sum_end = end if SUM_LOOP else BLOCK_N
+    for start in range(0, sum_end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols,
                     other=0.0).to(tl.float32)
@@ -28,7 +30,10 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
             acc += x * x
         else:
             acc = x * x  # the bug: each block replaces the last one's squares
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    if MEAN_OVER_BLOCK:
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / BLOCK_N + eps)  # the bug: not n_cols
+    else:
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
     for start in range(0, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
@@ -38,13 +43,15 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
                  mask=mask)
 
 
-def _launch(x, weight, eps, *, accumulate=True, loop=True):
+def _launch(x, weight, eps, *, accumulate=True, loop=True, sum_loop=True,
+            mean_over_block=False):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
     n = x2.shape[1]
     block = min(BLOCK_N, triton.next_power_of_2(n))
     two_pass_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
-                                    BLOCK_N=block, ACCUMULATE=accumulate, LOOP=loop)
+                                    BLOCK_N=block, ACCUMULATE=accumulate, LOOP=loop,
+                                    SUM_LOOP=sum_loop, MEAN_OVER_BLOCK=mean_over_block)
     return y.view(x.shape)
 
 
@@ -59,6 +66,16 @@ def overwrites_accumulator(x, weight, eps=1e-6):
 def no_loop(x, weight, eps=1e-6):
     # One block per row and no loop: fine until a row is longer than the block.
     return _launch(x, weight, eps, loop=False)
+
+
+def sums_first_block_only(x, weight, eps=1e-6):
+    # Pass 1 without its loop, pass 2 with it: every row longer than a block is wrong.
+    return _launch(x, weight, eps, sum_loop=False)
+
+
+def mean_over_block(x, weight, eps=1e-6):
+    # The sum of squares divided by the block size: wrong wherever N is not the block.
+    return _launch(x, weight, eps, mean_over_block=True)
 
 
 # name -> (function, a phrase its failure message must contain)

@@ -39,6 +39,7 @@ from course.check.runner import (
     explain_error,
     fresh_seed,
     memory_findings,
+    provenance_findings,
     suspect_hints,
 )
 from course.check.suite import warning_notes
@@ -150,22 +151,6 @@ def _launch_and_op_findings(record: sandbox.CallRecord, phase: str) -> list[Find
     return findings
 
 
-def _provenance(record: sandbox.CallRecord, phase: str, name: str, out: object
-                ) -> list[Finding]:
-    """The rule of the other exercises (runner._provenance_findings): an output that no
-    launch of this phase changed was computed some other way."""
-    if not record.launches or not isinstance(out, torch.Tensor):
-        return []  # no launch at all is reported as such
-    if not record.passed_to_launch(out):
-        return [Finding("output_not_from_kernel", f"{phase} returned `{name}` in a tensor "
-                        "that was never passed to a Triton kernel")]
-    if not record.changed_by_launch(out) and not sandbox.is_poison(out):
-        return [Finding("output_unchanged", f"{phase} returned `{name}` holding values it "
-                        "already had when your kernels received it: no launch changed a "
-                        "single element")]
-    return []
-
-
 def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator) -> CaseResult:
     """One case, with the warnings forward and backward raised (collected, not printed)."""
     watched: list[sandbox.CallRecord] = []
@@ -201,7 +186,7 @@ def _checked_case(function_class: type, spec: _GradCase, gen: torch.Generator,
         if not isinstance(y, torch.Tensor):
             raise AssertionError(f"apply(x, weight, eps) returned {type(y).__name__}, "
                                  "expected the tensor y")
-        findings += _provenance(fwd, "forward", "y", y)
+        findings += provenance_findings(fwd, ("y",), (y,), who="forward ")
         expected_y = reference.rmsnorm(originals["x"], originals["weight"], EPS)
         mismatches = [m for m in [compare("y", y, expected_y, case.dtype)] if m is not None]
         if not y.requires_grad:
@@ -232,8 +217,9 @@ def _checked_case(function_class: type, spec: _GradCase, gen: torch.Generator,
         if returned and len(returned[-1]) != 3:
             findings.append(_grad_count_finding(len(returned[-1])))
         if returned:
-            for name, out in zip(("dx", "dw"), returned[-1], strict=False):
-                findings += _provenance(bwd, "backward", name, out)
+            grads = returned[-1][:2]
+            findings += provenance_findings(bwd, ("dx", "dw")[:len(grads)], grads,
+                                            who="backward ")
     except Exception as exc:  # the learner's code: reported with the case, not raised
         refused = [f for r in watched for f in course_kernel_findings(r)]
         if refused:

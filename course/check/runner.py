@@ -11,7 +11,7 @@ from pathlib import Path
 from course import runtime
 from course.check import sandbox
 from course.check.cases import Case
-from course.check.compare import Mismatch, compare, layout_problem
+from course.check.compare import DEFAULT_DTYPE_REASON, Mismatch, compare, layout_problem
 from course.check.inputs import GuardedInput
 
 import torch
@@ -76,9 +76,8 @@ class Exercise:
     def layout_problem(self, name: str, got: object, want: torch.Tensor,
                        dtype: torch.dtype) -> str | None:
         """What keeps `got` from being compared (a wrong type, shape, dtype or device)."""
-        if name in self.dtype_reasons:
-            return layout_problem(name, got, want, dtype, self.dtype_reasons[name])
-        return layout_problem(name, got, want, dtype)
+        return layout_problem(name, got, want, dtype,
+                              self.dtype_reasons.get(name, DEFAULT_DTYPE_REASON))
 
     def compare(self, name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype,
                 inputs: Tensors, case: Case) -> Mismatch | None:
@@ -185,9 +184,19 @@ ADVICE = {
 
 
 def _launch_findings(record: sandbox.CallRecord, exercise: Exercise) -> list[Finding]:
+    return rule_findings(record, max_launches=exercise.max_launches,
+                         min_launches=exercise.min_launches,
+                         torch_ops_allowed=exercise.torch_ops_allowed,
+                         atomics_allowed=exercise.atomics_allowed)
+
+
+def rule_findings(record: sandbox.CallRecord, *, max_launches: int, min_launches: int = 1,
+                  torch_ops_allowed: bool = False, atomics_allowed: bool = True
+                  ) -> list[Finding]:
+    """What a watched call did that an exercise's rules forbid: too few or too many
+    launches, atomics, PyTorch compute ops."""
     findings = []
-    max_launches = exercise.max_launches
-    if not record.launches and exercise.min_launches > 0:
+    if not record.launches and min_launches > 0:
         findings.append(Finding("no_launch", "returned a result without launching any Triton "
                                 "kernel"))
     elif len(record.launches) > max_launches:
@@ -197,10 +206,10 @@ def _launch_findings(record: sandbox.CallRecord, exercise: Exercise) -> list[Fin
             "extra_launches",
             f"launched {len(record.launches)} Triton kernels ({', '.join(record.launches)}); "
             f"{allowed}"))
-    if record.atomic_kernels and not exercise.atomics_allowed:
+    if record.atomic_kernels and not atomics_allowed:
         names = ", ".join(dict.fromkeys(record.atomic_kernels))
         findings.append(Finding("atomics", f"launched kernels that use atomics ({names})"))
-    if record.forbidden_ops and not exercise.torch_ops_allowed:
+    if record.forbidden_ops and not torch_ops_allowed:
         by_site: dict[str, list[str]] = {}
         for use in record.forbidden_ops:
             ops = by_site.setdefault(use.site, [])
@@ -232,10 +241,11 @@ def memory_findings(record: sandbox.CallRecord, inputs: Inputs) -> list[Finding]
     return findings
 
 
-def _provenance_findings(record: sandbox.CallRecord, names: tuple[str, ...],
-                         outputs: tuple[object, ...]) -> list[Finding]:
+def provenance_findings(record: sandbox.CallRecord, names: tuple[str, ...],
+                        outputs: tuple[object, ...], *, who: str = "") -> list[Finding]:
     """An output no launch produced was computed some other way (NumPy, say): either no
-    kernel ever received it, or the kernels that did left it as it was."""
+    kernel ever received it, or the kernels that did left it as it was. `who` starts the
+    messages ("backward "), for a call made of several phases."""
     if not record.launches:
         return []  # already reported as no launch at all
     findings = []
@@ -245,13 +255,13 @@ def _provenance_findings(record: sandbox.CallRecord, names: tuple[str, ...],
         if not record.passed_to_launch(out):
             findings.append(Finding(
                 "output_not_from_kernel",
-                f"returned `{name}` in a tensor that was never passed to a Triton kernel"))
+                f"{who}returned `{name}` in a tensor that was never passed to a Triton kernel"))
         elif not record.changed_by_launch(out) and not sandbox.is_poison(out):
             # All poison is a kernel that stores nothing: the values' advice says so.
             findings.append(Finding(
                 "output_unchanged",
-                f"returned `{name}` holding values it already had when your kernels received "
-                "it: no launch changed a single element"))
+                f"{who}returned `{name}` holding values it already had when your kernels "
+                "received it: no launch changed a single element"))
     return findings
 
 
@@ -288,7 +298,7 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator)
     if exercise.inspect is not None:
         findings += exercise.inspect(record, case)
     if not exercise.torch_ops_allowed:  # computing with torch is the plain-PyTorch exercise
-        findings += _provenance_findings(record, exercise.output_names, outputs)
+        findings += provenance_findings(record, exercise.output_names, outputs)
 
     expected = exercise.expected(originals, case)
     mismatches = []

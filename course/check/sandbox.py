@@ -361,8 +361,9 @@ def _watched_launch_step(original, record: CallRecord):
         name = _kernel_name(self)
         module = _course_module(self)
         if module is not None:
-            record.course_kernels.append(course_kernel_message(name, module))
-            raise CourseKernelRefused(course_kernel_message(name, module))
+            refusal = course_kernel_message(name, module)
+            record.course_kernels.append(refusal)
+            raise CourseKernelRefused(refusal)
         record.launches.append(name)
         hooks = getattr(self, "pre_run_hooks", None) if _learner_hooks(self) else None
         record._in_launch += 1
