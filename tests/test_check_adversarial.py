@@ -11,11 +11,13 @@ import threading
 import types
 import warnings
 
-from course import check, runtime
+from course import check, reference, runtime
 from course.check import sandbox
 from course.check.rmsnorm import RMSNORM_FORWARD
 from course.check.suite import run_exercise
 
+import add_rmsnorm_variants
+import backward_variants
 import numpy as np
 import pytest
 import rmsnorm_variants as variants
@@ -421,6 +423,210 @@ def test_an_output_buffer_reused_between_calls_is_caught():
     _outputs.clear()
     message = _failure(_output_buffer_reused)
     assert STATE in message and "both calls return the same memory" in message
+
+
+# ------------------------------------------------ results cached by the input's address
+# Real models refill the same buffers every step (static caches, CUDA graphs): a result
+# looked up by a tensor's address (data_ptr, shape, dtype) is the old values' answer.
+
+BY_ADDRESS = "returned a result cached by the input's address"
+OLD_ANSWER = "it returned the answer for the old values"
+
+
+def _address(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), t.dtype)
+
+
+_by_address: dict = {}
+
+
+def _cached_by_address(x, weight, eps=1e-6):
+    key = _address(x)
+    if key not in _by_address:  # "the same tensor again: same answer"
+        _by_address[key] = variants.correct(x, weight, eps)
+    return _by_address[key]
+
+
+_last: list = []
+
+
+def _last_call_by_address(x, weight, eps=1e-6):
+    """Keeps only the latest call's result, reused when the next call has the same x."""
+    if _last and _last[0] == (_address(x), _address(weight)):
+        return _last[1]
+    y = variants.correct(x, weight, eps)
+    _last[:] = [(_address(x), _address(weight)), y]
+    return y
+
+
+_weights: dict = {}
+
+
+def _weight_copy_by_address(x, weight, eps=1e-6):
+    """Keeps a copy of the weight per weight address: y comes out with the old weight."""
+    key = _address(weight)
+    if key not in _weights:
+        _weights[key] = weight.clone()
+    return variants.correct(x, _weights[key], eps)
+
+
+_plans: dict = {}
+
+
+def _plan_by_address(x, weight, eps=1e-6):
+    """Honest: what it keeps by address (a launch plan) does not depend on the values."""
+    key = _address(x)
+    if key not in _plans:
+        n = x.shape[-1]
+        _plans[key] = {"BLOCK_N": triton.next_power_of_2(n),
+                       "num_warps": min(16, max(4, triton.next_power_of_2(n) // 512))}
+    x2 = _rows(x)
+    y = torch.empty_like(x2)
+    variants.rmsnorm_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0),
+                                            x2.shape[1], eps, **_plans[key])
+    return y.view(x.shape)
+
+
+_static_outputs: dict = {}
+
+
+def _static_output_by_address(x, weight, eps=1e-6):
+    """Computes every call, into one output buffer per input address (a CUDA graph's
+    static output): the previous call's result changes under its caller's feet."""
+    key = _address(x)
+    if key not in _static_outputs:
+        _static_outputs[key] = torch.empty_like(_rows(x))
+    return variants._launch(variants.rmsnorm_kernel, x, weight, eps,
+                            y=_static_outputs[key]).view(x.shape)
+
+
+def test_a_result_cached_by_the_inputs_address_is_refused_by_name():
+    _by_address.clear()
+    message = _failure(_cached_by_address)
+    assert BY_ADDRESS in message and OLD_ANSWER in message
+    assert "refilled with new values, it returned the answer for their old values" in message
+    assert "returned the first call's result" not in message  # not the shape cache
+    assert STATE not in message
+
+
+def test_a_cache_of_only_the_latest_call_is_refused_by_name():
+    _last.clear()
+    assert BY_ADDRESS in _failure(_last_call_by_address)
+
+
+def test_a_shape_keyed_cache_is_still_named_as_one():
+    variants._cache.clear()  # the cache is the module's: other tests fill it too
+    message = _failure(variants.caches_results)
+    assert "returned the first call's result" in message and BY_ADDRESS not in message
+
+
+def test_a_weight_kept_by_its_address_is_told_it_went_stale():
+    _weights.clear()
+    message = _failure(_weight_copy_by_address)
+    assert "refilled with new values, it returned a wrong y" in message
+    assert "went stale when the values changed" in message and BY_ADDRESS not in message
+
+
+def test_an_honest_wrapper_that_keeps_only_a_launch_plan_by_address_passes():
+    _plans.clear()
+    assert check.rmsnorm_forward(_plan_by_address, seed=2, quiet=True).passed
+
+
+def test_an_output_buffer_kept_per_input_address_is_caught():
+    _static_outputs.clear()
+    message = _failure(_static_output_by_address)
+    assert STATE in message and "both calls return the same memory" in message
+    assert "refilled with new values, the call changed the `y`" in message
+
+
+def test_the_refill_passes_the_very_same_tensors_again_with_new_values():
+    # What a proxy to another process relies on: the same tensor objects, refilled in
+    # place, so that the same tensor maps to the same remote buffer.
+    calls = []
+
+    def recording(x, weight, eps=1e-6):
+        calls.append((x, weight, x.detach().clone(), weight.detach().clone()))
+        return variants.correct(x, weight, eps)
+
+    assert check.rmsnorm_forward(recording, seed=2, quiet=True).passed
+    x, weight, x_values, w_values = calls[-1]
+    before = [c for c in calls[:-1] if c[0] is x]
+    assert len(before) == 1 and before[0][1] is weight
+    assert not torch.equal(before[0][2], x_values)
+    assert not torch.equal(before[0][3], w_values)
+    assert x.data_ptr() == before[0][0].data_ptr()
+    # Every other call had inputs of its own, at addresses no other call used.
+    others = [c for c in calls[:-1] if c[0] is not x]
+    assert len({c[0].data_ptr() for c in others} | {x.data_ptr()}) == len(others) + 1
+
+
+def test_the_refill_keeps_guards_and_recomputes_derived_inputs():
+    from course.check.backward import RMSNORM_BACKWARD
+    from course.check.inputs import GUARD_VALUE
+    from course.check.runner import refill_inputs
+
+    case = next(c for c in RMSNORM_BACKWARD.cases if c.row_padding)
+    inputs = RMSNORM_BACKWARD.make_inputs(case, torch.Generator().manual_seed(1))
+    views = {name: g.tensor for name, g in inputs.items()}
+    ptrs = {name: v.data_ptr() for name, v in views.items()}
+    old = {name: v.clone() for name, v in views.items()}
+    refill_inputs(RMSNORM_BACKWARD, inputs, case, torch.Generator().manual_seed(2))
+    for name, g in inputs.items():
+        assert g.tensor is views[name] and g.tensor.data_ptr() == ptrs[name]
+        assert not torch.equal(g.tensor, old[name]), name
+        assert g.writes() == (0, 0)  # the snapshot is of the refilled values
+        inside = torch.zeros(g.buffer.numel(), dtype=torch.bool)
+        inside[torch.arange(g.buffer.numel()).as_strided(
+            g.tensor.shape, g.tensor.stride(), g.tensor.storage_offset()).reshape(-1)] = True
+        assert bool((g.buffer[~inside] == GUARD_VALUE).all()), name
+    want = reference.rmsnorm_rstd(views["x"], case.eps).to(torch.float32)
+    assert torch.equal(views["rstd"], want)
+
+
+def _cached_add_rmsnorm(x, residual, weight, eps=1e-6):
+    key = (_address(x), _address(weight))
+    if key not in _by_address:
+        _by_address[key] = add_rmsnorm_variants.correct(x, residual, weight, eps)
+    return _by_address[key]
+
+
+def test_a_fused_add_cached_by_the_address_of_x_and_weight_is_refused():
+    _by_address.clear()
+    message = _failure(_cached_add_rmsnorm, check.add_rmsnorm)
+    assert BY_ADDRESS in message and "old values (`y` and `residual_out`)" in message
+
+
+def _cached_backward(x, weight, rstd, dy):
+    key = (_address(x), _address(dy))
+    if key not in _by_address:
+        _by_address[key] = backward_variants.correct(x, weight, rstd, dy)
+    return _by_address[key]
+
+
+def test_a_backward_cached_by_address_is_refused():
+    _by_address.clear()
+    assert BY_ADDRESS in _failure(_cached_backward, check.rmsnorm_backward)
+
+
+class _ForwardCachedByAddress(RMSNormFunction):
+    cache: dict = {}
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        key = (_address(x), _address(weight))
+        if key not in _ForwardCachedByAddress.cache:
+            _ForwardCachedByAddress.cache[key] = backward_variants.rmsnorm_forward_with_rstd(
+                x, weight, eps)
+        y, rstd = _ForwardCachedByAddress.cache[key]
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+
+def test_an_autograd_function_whose_forward_caches_by_address_is_refused():
+    _ForwardCachedByAddress.cache.clear()
+    message = _failure(_ForwardCachedByAddress, check.rmsnorm_autograd)
+    assert BY_ADDRESS in message and "same x, weight and dy" in message
+    assert "old values (`y`" in message
 
 
 # ----------------------------------------------------------- warnings, and the output's form

@@ -35,6 +35,9 @@ from course.check.runner import (
     ADVICE,
     CaseResult,
     Finding,
+    Inputs,
+    Tensors,
+    cached_finding,
     course_kernel_findings,
     explain_error,
     fresh_seed,
@@ -151,22 +154,34 @@ def _launch_and_op_findings(record: sandbox.CallRecord, phase: str) -> list[Find
     return findings
 
 
-def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator) -> CaseResult:
-    """One case, with the warnings forward and backward raised (collected, not printed)."""
+def _make_inputs(case: Case, gen: torch.Generator) -> Inputs:
+    return {"x": case.make_input(gen), "weight": case.make_vector(gen),
+            "dy": case.make_like_input(gen)}
+
+
+def _run_case(function_class: type, spec: _GradCase, gen: torch.Generator | None = None, *,
+              inputs: Inputs | None = None,
+              named: dict[str, torch.Tensor] | None = None) -> CaseResult:
+    """One case, with the warnings forward and backward raised (collected, not printed):
+    on new inputs made from `gen`, or on `inputs` as they are now. `named`, if given,
+    receives y, dx and dw as the call returned them."""
     watched: list[sandbox.CallRecord] = []
-    result = _checked_case(function_class, spec, gen, watched)
+    inputs = _make_inputs(spec.case, gen) if inputs is None else inputs
+    result = _checked_case(function_class, spec, inputs, watched,
+                           {} if named is None else named)
     warned = tuple(dict.fromkeys(w for record in watched for w in record.warnings))
     return dataclasses.replace(result, warnings=warned)
 
 
-def _checked_case(function_class: type, spec: _GradCase, gen: torch.Generator,
-                  watched: list[sandbox.CallRecord]) -> CaseResult:
-    """One case; `watched` receives the record of each watched call (forward, backward)."""
+def _checked_case(function_class: type, spec: _GradCase, inputs: Inputs,
+                  watched: list[sandbox.CallRecord], named: dict[str, torch.Tensor]
+                  ) -> CaseResult:
+    """One case; `watched` receives the record of each watched call (forward, backward),
+    `named` the outputs (y, and the gradients backward produced)."""
     case = spec.case
-    x_in = case.make_input(gen)
-    w_in = case.make_vector(gen)
-    dy_in = case.make_like_input(gen)
+    x_in, w_in, dy_in = inputs["x"], inputs["weight"], inputs["dy"]
     x, w, dy = x_in.tensor, w_in.tensor, dy_in.tensor
+    x.grad = w.grad = None  # a second call on the same tensors must not accumulate
     originals = {"x": x.detach().clone(), "weight": w.detach().clone(),
                  "dy": dy.detach().clone()}
     originals["rstd"] = reference.rmsnorm_rstd(originals["x"], EPS).to(f32)
@@ -186,6 +201,7 @@ def _checked_case(function_class: type, spec: _GradCase, gen: torch.Generator,
         if not isinstance(y, torch.Tensor):
             raise AssertionError(f"apply(x, weight, eps) returned {type(y).__name__}, "
                                  "expected the tensor y")
+        named["y"] = y
         findings += provenance_findings(fwd, ("y",), (y,), who="forward ")
         expected_y = reference.rmsnorm(originals["x"], originals["weight"], EPS)
         mismatches = [m for m in [compare("y", y, expected_y, case.dtype)] if m is not None]
@@ -242,14 +258,57 @@ def _checked_case(function_class: type, spec: _GradCase, gen: torch.Generator,
             findings.append(Finding("missing_grad",
                                     f"{label}.grad is None although {label} requires grad"))
             continue
-        outputs[name] = leaf.grad
+        outputs[name] = named[name] = leaf.grad
         m = compare(name, leaf.grad, want, leaf.dtype, extra_atol=extra)
         if m is not None:
             mismatches.append(m)
     hints = suspect_hints(RMSNORM_BACKWARD, originals, case, outputs,
                           {m.name for m in mismatches})
     return CaseResult(case, tuple(mismatches), tuple(findings), launches=tuple(launches),
-                      outputs=tuple(outputs.values()), hints=hints)
+                      outputs=tuple(outputs.values()), hints=hints, inputs=inputs)
+
+
+def _answers(t: Tensors) -> dict[str, tuple[torch.Tensor, object]]:
+    """The float64 y, dx and dw for the values `t` holds, each with its extra tolerance."""
+    dx, dw = reference.rmsnorm_backward(t["x"], t["weight"], t["dy"], eps=EPS)
+    terms = dw_terms({**t, "rstd": reference.rmsnorm_rstd(t["x"], EPS).to(f32)})
+    return {"y": (reference.rmsnorm(t["x"], t["weight"], EPS), None), "dx": (dx, None),
+            "dw": (dw, dw_sum_atol(terms))}
+
+
+def _probe_same_buffers(function_class: type, spec: _GradCase, passed: CaseResult,
+                        seed: int) -> tuple[Finding, ...]:
+    """Refill x, weight and dy of a case that passed in place with new values (the same
+    tensor objects, storage and addresses; .grad cleared, as zero_grad(set_to_none=True)
+    does) and run forward and backward again, both inputs requiring grad: y, dx and dw
+    must be the answers for the new values. A Function that keeps y, rstd or a gradient
+    between calls, looked up by a tensor's address, returns the old answer here."""
+    inputs = passed.inputs
+    if not inputs:
+        return ()
+    spec = dataclasses.replace(spec, x_requires_grad=True, weight_requires_grad=True)
+    old = _answers({name: g.tensor.detach().clone() for name, g in inputs.items()})
+    fresh = _make_inputs(spec.case, torch.Generator().manual_seed(seed))
+    for name, g in inputs.items():
+        g.refill(fresh[name])
+    named: dict[str, torch.Tensor] = {}
+    again = _run_case(function_class, spec, inputs=inputs, named=named)
+    same = "called again with the same x, weight and dy (the same memory) refilled with new values"
+    if again.error:
+        return (Finding("state_between_calls", f"{same}, it raised "
+                        f"{again.error.splitlines()[0]}"),)
+    if not again.mismatches:
+        return ()
+    wrong = [m.name for m in again.mismatches]
+    stale = [name for name in wrong
+             if isinstance(named.get(name), torch.Tensor)
+             and named[name].shape == old[name][0].shape
+             and compare(name, named[name], old[name][0], named[name].dtype,
+                         extra_atol=old[name][1]) is None]
+    if stale:
+        return (cached_finding(same, stale, wrong),)
+    return (Finding("stale_by_address", f"{same}, it returned a wrong {', '.join(wrong)}:\n"
+                    f"{again.mismatches[0].describe()}"),)
 
 
 def _gradcheck(function_class: type, gen: torch.Generator) -> tuple[CaseResult | None, str]:
@@ -310,6 +369,14 @@ def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
         results.append(_run_case(function_class, spec, gen))
         if results[-1].fatal:
             break
+    passing = [(spec, r) for spec, r in zip(_CASES, results, strict=False) if r.passed]
+    if passing and not any(r.fatal for r in results):  # the latest call that passed
+        spec, passed = passing[-1]
+        findings = _probe_same_buffers(function_class, spec, passed, seed + 303)
+        if findings:
+            case = dataclasses.replace(passed.case, name="same tensors refilled, x and "
+                                       "weight require grad")
+            results.append(CaseResult(case, findings=findings))
     notes = []
     if all(r.passed for r in results):
         checked, why_not = _gradcheck(function_class, torch.Generator().manual_seed(seed))

@@ -37,6 +37,21 @@ _CALL_FINDINGS = {
                               "check the row offset."),
     "cached": ("Called twice with different inputs of the same shape, your function returned "
                "the first call's result the second time. Compute every call afresh."),
+    "cached_by_address": (
+        "Your function returned a result cached by the input's address: called again with "
+        "the same input tensors refilled with new values, it returned the answer for the old "
+        "values. A tensor's address (x.data_ptr()), shape and dtype say where its values "
+        "are, not what they are: real models refill the same buffers with new values every "
+        "step (static caches, CUDA graphs). Keep no results between calls, under any key: "
+        "launch your kernel on every call and return what it computed from the values the "
+        "tensors hold now."),
+    "stale_by_address": (
+        "Wrong when called again with the same input tensors refilled with new values: "
+        "something computed from an input on an earlier call (a converted weight, a row "
+        "statistic, part of the output) was kept and looked up by the tensor (its "
+        "data_ptr(), id() or shape), so it went stale when the values changed. Real models "
+        "refill the same buffers every step (static caches, CUDA graphs): compute everything "
+        "from the values the tensors hold now, on every call."),
     "atomics": ("Your kernels use atomics (tl.atomic_add, ...). This exercise asks for a "
                 "deterministic reduction without them: each program writes its own partial "
                 "sums, and a second kernel adds them up."),

@@ -32,6 +32,22 @@ class GuardedInput:
         inside[_element_indices(self.tensor, self.buffer)] = True
         return int((changed & inside).sum()), int((changed & ~inside).sum())
 
+    def refill(self, values: GuardedInput) -> None:
+        """Give this input the values of `values` (a fresh input laid out the same way) in
+        place: the same tensor objects, storage and address, new values. The whole buffer
+        is copied, so the margins and row padding hold the guard value as in a fresh input;
+        the snapshot is taken again, so `writes` counts what the next call changes."""
+        mine, theirs = self.tensor, values.tensor
+        if (self.buffer.shape != values.buffer.shape or self.buffer.dtype != values.buffer.dtype
+                or mine.shape != theirs.shape or mine.stride() != theirs.stride()
+                or mine.storage_offset() != theirs.storage_offset()):
+            raise ValueError(f"cannot refill an input of shape {tuple(mine.shape)}, strides "
+                             f"{mine.stride()} from one of shape {tuple(theirs.shape)}, "
+                             f"strides {theirs.stride()}: lay both out the same way")
+        with torch.no_grad():  # the view may require grad (the autograd checker's inputs)
+            self.buffer.copy_(values.buffer.to(self.buffer.device))
+        self.snapshot = self.buffer.view(torch.uint8).clone()
+
 
 def _element_indices(view: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
     """Flat indices into `buffer` of every element of `view` (a strided view of it)."""

@@ -108,6 +108,9 @@ class CaseResult:
     hints: tuple[tuple[str, str], ...] = ()  # (suspect name, detail) for matched suspects
     warnings: tuple[str, ...] = ()  # Python warnings raised during the call
     expected: tuple[torch.Tensor, ...] = field(default=(), repr=False)  # float64 answers
+    # The inputs the call was given, kept alive: the same-buffer probe refills them in
+    # place, and while they live no later input can take their memory (their address).
+    inputs: Inputs = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
@@ -122,6 +125,9 @@ _FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert",
 
 
 def _learner_frame(exc: BaseException) -> str:
+    remote = getattr(exc, "learner_frame", None)  # raised in the learner's own process
+    if remote is not None:
+        return remote
     here = Path(__file__).resolve().parent.parent
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         path = frame.filename
@@ -269,8 +275,12 @@ def course_kernel_findings(record: sandbox.CallRecord) -> list[Finding]:
     return [Finding("course_kernel", text) for text in dict.fromkeys(record.course_kernels)]
 
 
-def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator) -> CaseResult:
-    inputs = exercise.make_inputs(case, gen)
+def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator | None = None,
+             *, inputs: Inputs | None = None) -> CaseResult:
+    """One watched call on new inputs made from `gen`, or on `inputs` as they are now (the
+    same-buffer probe passes inputs it refilled in place)."""
+    if inputs is None:
+        inputs = exercise.make_inputs(case, gen)
     views = {name: g.tensor for name, g in inputs.items()}
     originals = {name: v.clone() for name, v in views.items()}  # in case the call writes them
     runtime.synchronize()
@@ -316,7 +326,7 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator)
     hints = suspect_hints(exercise, originals, case, comparable, {m.name for m in mismatches})
     return CaseResult(case, tuple(mismatches), tuple(findings), launches=tuple(record.launches),
                       copies=tuple(str(c) for c in record.copies), outputs=outputs, hints=hints,
-                      warnings=warned, expected=tuple(expected))
+                      warnings=warned, expected=tuple(expected), inputs=inputs)
 
 
 def suspect_hints(exercise: Exercise, inputs: Tensors, case: Case,
@@ -365,16 +375,49 @@ def _answers(exercise: Exercise, result: CaseResult, earlier: CaseResult) -> boo
     return True
 
 
+def _kept(result: CaseResult) -> tuple[object, ...]:
+    """Copies of what a call returned, to tell later whether another call changed it."""
+    return tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o
+                 for o in result.outputs)
+
+
+def _overwritten(exercise: Exercise, kept: tuple[object, ...], result: CaseResult) -> list[str]:
+    """The outputs of `result` that no longer hold the values `kept` copied."""
+    return [name for name, before, now in zip(exercise.output_names, kept, result.outputs,
+                                              strict=False)
+            if not _same_values(before, now)]
+
+
+def refill_inputs(exercise: Exercise, inputs: Inputs, case: Case,
+                  gen: torch.Generator) -> None:
+    """Give every tensor of `inputs` new values in place: the same tensor objects, storage
+    and addresses. The values come from the exercise's own `make_inputs`, so inputs derived
+    from others agree as on a fresh call (the backward exercise's rstd is that of the new
+    x); margins and row padding keep the guard value (`GuardedInput.refill`)."""
+    fresh = exercise.make_inputs(case, gen)
+    if set(fresh) != set(inputs):
+        raise ValueError(f"{exercise.name}: make_inputs gave {sorted(fresh)}, the call had "
+                         f"{sorted(inputs)}")
+    for name, g in inputs.items():
+        g.refill(fresh[name])
+
+
 def probe_caching(exercise: Exercise, fn: Callable, passed: CaseResult,
                   seed: int) -> tuple[Finding, ...]:
-    """Call twice more with new inputs of a shape that passed: both answers must be right,
-    and the first must still be there after the second call. A wrapper that memoises
-    results by shape, keeps a workspace it does not clear, or hands back one output buffer
-    per shape fails here."""
+    """Call three more times at the shape of a case that passed: twice with new inputs,
+    then with the second call's own input tensors refilled in place with new values. Every
+    answer must be right, and no call may change what an earlier one returned. A wrapper
+    that memoises results by shape, keeps a workspace it does not clear, or hands back one
+    output buffer per shape fails on the new inputs; one that memoises by the input's
+    address (x.data_ptr(): real models refill the same buffers every step, static caches
+    and CUDA graphs) fails on the refilled ones.
+
+    Every input stays alive until the probe ends (`passed`'s too, in the CaseResult), so no
+    new input can take an earlier one's memory: new inputs are at new addresses, refilled
+    ones at the same."""
     case = passed.case
     first = run_case(exercise, fn, case, torch.Generator().manual_seed(seed + 101))
-    kept = tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o
-                 for o in first.outputs)
+    kept = _kept(first)
     second = run_case(exercise, fn, case, torch.Generator().manual_seed(seed + 202))
     for when, result, earlier in (("again", first, passed), ("a third time", second, first)):
         again = f"called {when} with new inputs of the same shape as {case.label()}"
@@ -388,15 +431,71 @@ def probe_caching(exercise: Exercise, fn: Callable, passed: CaseResult,
             wrong = ", ".join(m.name for m in result.mismatches)
             return (Finding("state_between_calls", f"{again}, which passed, it returned a "
                             f"wrong {wrong}:\n{result.mismatches[0].describe()}"),)
-    overwritten = [name for name, before, now in zip(exercise.output_names, kept,
-                                                     first.outputs, strict=False)
-                   if not _same_values(before, now)]
+    overwritten = _overwritten(exercise, kept, first)
     if overwritten:
         return (Finding(
             "state_between_calls",
             f"called twice with new inputs of the same shape as {case.label()}, the second "
             f"call changed the {', '.join(f'`{n}`' for n in overwritten)} that the first "
             "call had returned: both calls return the same memory"),)
+    return probe_same_buffers(exercise, fn, second, seed + 303)
+
+
+def _old_answers(exercise: Exercise, result: CaseResult, earlier: CaseResult,
+                 kept: tuple[object, ...]) -> list[str]:
+    """The outputs `result` got wrong that are what `earlier` returned (`kept`: copies) or
+    its answer within tolerance: results kept from the call before."""
+    by_name = dict(zip(exercise.output_names, zip(result.outputs, kept, earlier.expected,
+                                                   exercise.output_dtypes(result.case),
+                                                   strict=False), strict=False))
+    old = []
+    for m in result.mismatches:
+        got, before, want, dtype = by_name.get(m.name, (None,) * 4)
+        if not isinstance(got, torch.Tensor):
+            continue
+        if _same_values(got, before) or (got.shape == want.shape
+                                         and compare(m.name, got, want, dtype) is None):
+            old.append(m.name)
+    return old
+
+
+def cached_finding(same: str, old: list[str], wrong: list[str]) -> Finding:
+    """The finding for a call on refilled inputs that returned, for the outputs `old`, the
+    answer for the inputs' old values (`wrong`: every output it got wrong)."""
+    others = [n for n in wrong if n not in old]
+    also = f"; {', '.join(f'`{n}`' for n in others)} wrong too" if others else ""
+    return Finding("cached_by_address", f"{same}, it returned the answer for their old "
+                   f"values ({' and '.join(f'`{n}`' for n in old)}{also})")
+
+
+def probe_same_buffers(exercise: Exercise, fn: Callable, earlier: CaseResult,
+                       seed: int) -> tuple[Finding, ...]:
+    """Refill the input tensors of `earlier` (a call that returned the right answer) in
+    place with new values and pass those very tensor objects again: the answer must be the
+    one for the new values, and what `earlier` returned must stay as it was."""
+    case = earlier.case
+    if not earlier.inputs:  # no answer to compare with (a call that returned too few values)
+        return ()
+    kept = _kept(earlier)
+    refill_inputs(exercise, earlier.inputs, case, torch.Generator().manual_seed(seed))
+    again = run_case(exercise, fn, case, inputs=earlier.inputs)
+    same = "called again with the same input tensors (the same memory) refilled with new values"
+    if again.error:
+        return (Finding("state_between_calls", f"{same}, it raised "
+                        f"{again.error.splitlines()[0]}"),)
+    old = _old_answers(exercise, again, earlier, kept)
+    if old:
+        return (cached_finding(same, old, [m.name for m in again.mismatches]),)
+    if again.mismatches:
+        wrong = ", ".join(m.name for m in again.mismatches)
+        return (Finding("stale_by_address", f"{same}, it returned a wrong {wrong}:\n"
+                        f"{again.mismatches[0].describe()}"),)
+    overwritten = _overwritten(exercise, kept, earlier)
+    if overwritten:
+        return (Finding(
+            "state_between_calls",
+            f"{same}, the call changed the {', '.join(f'`{n}`' for n in overwritten)} that "
+            "the call before had returned: both calls return the same memory"),)
     return ()
 
 

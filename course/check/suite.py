@@ -1,4 +1,5 @@
-"""Running a whole exercise: every case, the repeat-call probe, then the advice."""
+"""Running a whole exercise: every case, the repeat-call probes (new inputs of a shape that
+passed, then the same input tensors refilled in place with new values), then the advice."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def run_exercise(exercise: Exercise, fn: Callable, *, seed: int | None = None) -
             break
     passing = [r for r in results if r.passed]
     if passing and not any(r.fatal for r in results):
+        # Results keep their inputs alive (CaseResult.inputs): the probes' new inputs cannot
+        # land at an address a case used, and the refilled ones keep theirs.
         findings = probe_caching(exercise, fn, passing[0], seed)
         if findings:
             results.append(CaseResult(passing[0].case, findings=findings))
