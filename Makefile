@@ -71,6 +71,16 @@ feedback: $(STAMP)
 grades: $(STAMP)
 	$(INSTRUCTOR) grades
 
+# The two distributions, as wheels (scripts/build_dist.py says what each holds):
+#   make dist              the learners' (`course` alone): dist/norm_kernels-<version>-py3-none-any.whl
+#   make dist-instructor   the instructor's (`course` and solutions.kernels): dist/instructor/
+.PHONY: dist dist-instructor
+dist: $(STAMP)
+	$(BIN)/python scripts/build_dist.py learner
+
+dist-instructor: $(STAMP)
+	$(BIN)/python scripts/build_dist.py instructor
+
 # On a GPU machine: the GPU-only tests and measurements, in one process tree.
 bench-gpu: $(STAMP)
 	$(BIN)/python scripts/gpu_suite.py

@@ -248,7 +248,7 @@ def prepare(learner: NotebookNode, source: NotebookNode) -> NotebookNode:
 # edited; not the test cells and locked cells the grader puts back), follows the names that
 # imports bind across the whole notebook (`from course import check` in a test cell, then
 # `check.x = ...` in the learner's cell), and ignores lines that the course's own notebook
-# contains verbatim (the starter code imports solutions.kernels.validation, for instance).
+# contains verbatim (the starter code imports course.validation, for instance).
 
 
 @dataclass(frozen=True)
@@ -312,9 +312,10 @@ _EXERCISE_WATCHED_NAMES = (
     ("numpy", _NUMPY),
     ("torch.from_numpy", _NUMPY),
 )
-# The one part of solutions/ that exercise code is meant to use: the starter code of
-# chapters 05 and 06 imports these input checks.
-_ALLOWED_NAMES = ("solutions.kernels.validation",)
+# What exercise code is meant to use from the course besides torch and triton: the input
+# checks that the starter code imports. Nothing under solutions/ is (the learner's package
+# does not have it).
+_ALLOWED_NAMES = ("course.validation",)
 # Attribute, keyword or variable names that are suspect whatever object they belong to.
 _WATCHED_WORDS = {
     "_python_dispatch": _DISPATCH,
@@ -342,7 +343,7 @@ _HARMLESS_MAGICS = {"matplotlib", "config", "pinfo", "pinfo2", "pdoc", "pdef", "
                     "who", "whos", "who_ls", "precision", "xmode", "history", "lsmagic",
                     "magic", "pwd"}
 _WATCHED_TEXT = re.compile(r"\b(course\.(check|bench|hardware|reference)|sys\.modules|"
-                           r"solutions\.kernels\.(?!validation\b)\w+|_python_dispatch|"
+                           r"solutions\.\w+|_python_dispatch|"
                            r"_disable_current_modes|COURSE_GRADING|NBGRADER_EXECUTION)\b")
 
 
@@ -649,7 +650,7 @@ def integrity_flags(learner: NotebookNode, source: NotebookNode) -> list[Integri
 
 
 @contextlib.contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
+def temporary_environment(extra: dict[str, str]) -> Iterator[None]:
     """Set variables for a kernel started inside the block (it copies this environment)."""
     saved = {k: os.environ.get(k) for k in extra}
     os.environ.update(extra)
@@ -680,7 +681,7 @@ def grading_settings(course_root: Path, cell_timeout_s: int | None = None) -> Gr
         raise NotAChapterError(f"no grader configuration at {path}: `course grade` uses the "
                                "autograder's time limits from it; pass a checkout with --course")
     override = {} if cell_timeout_s is None else {"GRADER_CELL_TIMEOUT_S": str(cell_timeout_s)}
-    with _environment(override):
+    with temporary_environment(override):
         config = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
     execute = config.Execute
     return GradingSettings(int(execute.timeout), dict(execute.get("error_on_timeout", {})),
@@ -796,7 +797,7 @@ def grade_notebook(path: str | Path, *, course_root: Path | None = None,
     aborted = None
     start = time.perf_counter()
     try:
-        with _environment(grading_env()):
+        with temporary_environment(grading_env()):
             client.execute()
     except CellTimeoutError:
         aborted = (f"{_describe(nb, running)} did not stop within {settings.iopub_timeout_s} s "

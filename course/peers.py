@@ -68,8 +68,18 @@ def _compiled(fn: Callable) -> Callable:
 
 
 def _ours():
-    from solutions import kernels
-
+    """The course's reference kernels, imported only when `course bench` runs them: they come
+    with a checkout of the repository (solutions/kernels/), not with the learners' package."""
+    try:
+        from solutions import kernels
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("solutions", "solutions.kernels"):
+            raise
+        raise Unavailable(
+            "the course's reference kernels (solutions/kernels/) come with a checkout of the "
+            "repository, not with the learners' package: run `course bench` from a checkout, "
+            f"installed with `pip install -e .` (what `make lab` and `make test` do) ({exc})"
+        ) from exc
     return kernels
 
 

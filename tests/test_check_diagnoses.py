@@ -5,7 +5,7 @@ passes every tolerance. Each kernel here is a mistake a learner really writes.""
 from __future__ import annotations
 
 import course  # noqa: F401  (the execution mode is chosen before any kernel is defined)
-from course import check
+from course import check, validation
 from course.check.cases import Case
 from course.check.compare import Mismatch
 from course.check.diagnose import advise
@@ -17,8 +17,6 @@ import torch
 import triton
 import triton.language as tl
 import two_pass_variants
-
-from solutions.kernels import validation
 
 BLOCK_ADVICE = "Divide by n_cols, not BLOCK_N"
 MASK_ADVICE = "not masked"

@@ -82,18 +82,27 @@ def test_the_course_solutions_in_the_release_notebook_have_no_flags(chapter):
     assert integrity_flags(source_of(chapter), source_of(chapter)) == []
 
 
-def test_the_starter_code_does_import_from_solutions_so_the_allowance_is_needed():
-    """Chapters 05 and 06 hand the learner `from solutions.kernels import validation` in
-    the exercise cell: the scan must accept that import (and its use), but not others."""
+def test_the_starter_codes_input_checks_come_from_course_and_solutions_is_flagged():
+    """Chapters 05 and 06 hand the learner `from course import validation` in the exercise
+    cell: the scan accepts that import (and its use). Nothing from solutions/ is allowed,
+    not even the reference kernels' copy of the same checks: the learner's package has no
+    solutions/."""
     starters = [c.source for ch in CHAPTERS for c in released(ch).cells
                 if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
-    assert any("from solutions.kernels import validation" in s for s in starters)
+    assert any("from course import validation" in s for s in starters)
+    assert not any("solutions" in s for s in starters)
     nb = with_exercise("ch05_fused_add", "ex05_add_rmsnorm_wrapper_code",
-                       "from solutions.kernels.validation import as_rows\n"
-                       "from solutions.kernels import validation\n"
+                       "from course.validation import as_rows\n"
+                       "from course import validation\n"
                        "def add_rmsnorm(x, residual, weight, eps=1e-6):\n"
                        "    return validation.as_rows(x), as_rows(residual)\n")
     assert integrity_flags(nb, source_of("ch05_fused_add")) == []
+    nb = with_exercise("ch05_fused_add", "ex05_add_rmsnorm_wrapper_code",
+                       "from solutions.kernels import validation\n"
+                       "def add_rmsnorm(x, residual, weight, eps=1e-6):\n"
+                       "    return validation.as_rows(x)\n")
+    assert [f.what for f in integrity_flags(nb, source_of("ch05_fused_add"))] == [
+        "imports solutions.kernels.validation", "uses solutions.kernels.validation.as_rows"]
 
 
 def test_an_older_version_of_a_course_cell_is_not_flagged_for_what_the_course_did():
@@ -194,12 +203,14 @@ CHEATS = {
         ch04("@triton.jit\ndef k(x_ptr):\n    pass\n\n\ndef rmsnorm(x, weight, eps=1e-6):\n"
              "    k.run(x, grid=(1,), warmup=False)\n    return x\n"),
         [(None, 7, "calls k.run()")]),
-    "the course's solutions through a name a course cell imports": (
+    "the course's solutions imported in the exercise cell": (
         "ch05_fused_add",
         with_exercise("ch05_fused_add", "ex05_add_rmsnorm_wrapper_code",
+                      "from solutions import kernels\n\n\n"
                       "def add_rmsnorm(x, residual, weight, eps=1e-6):\n"
                       "    return kernels.add_rmsnorm(x, residual, weight, eps)\n"),
-        [(None, 2, "uses solutions.kernels.add_rmsnorm")]),
+        [(None, 1, "imports solutions.kernels"),
+         (None, 5, "uses solutions.kernels.add_rmsnorm")]),
     "the course's solutions behind a helper in an added cell": (
         "ch04_fused",
         ch04("def rmsnorm(x, weight, eps=1e-6):\n    return helper(x, weight, eps)\n",

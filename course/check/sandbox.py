@@ -9,8 +9,9 @@ While a call runs inside `watch()`:
   `@triton.autotune` or `@triton.heuristics` all count. Launches that ran atomics are
   noted (the interpreter's atomic operations are watched as they run; on a GPU the
   compiled kernel's IR is read, so an atomic in a branch a constexpr removed does not
-  count). A launch of a kernel the course ships (defined in `solutions.*` or `course.*`)
-  is refused: the exercises ask for the learner's own kernel;
+  count). A launch of a kernel the course ships (defined in `solutions.*` or `course.*`,
+  or a copy of a reference kernel, known by its fingerprint) is refused: the exercises ask
+  for the learner's own kernel;
 - every torch op the wrapper runs is seen through a TorchDispatchMode. Allocations,
   views, fills and copies are allowed (copies are noted, since they cost bandwidth);
   anything that computes (mul, pow, mean, rms_norm, ...) is recorded as a violation,
@@ -257,6 +258,79 @@ class CallRecord:
                 changed |= entry[1]
             self.changed_bytes[storage.data_ptr()] = (storage, changed)
 
+    # ------------------------------------------------------------ a call in another process
+    # The verifier (course.verify) runs the learner's function in a process of its own and
+    # watches it there; what that watch saw comes back as `summary()` and is added here, so
+    # that the checkers read one record whichever process the function ran in.
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Interception off in this thread for the body: shipping tensors to the learner's
+        process and back is the course's own work, not the learner's."""
+        self._in_launch += 1
+        try:
+            yield
+        finally:
+            self._in_launch -= 1
+
+    def summary(self) -> dict:
+        """What this record saw, as plain values (see `merge_remote`)."""
+        return {
+            "launches": list(self.launches), "atomic_kernels": list(self.atomic_kernels),
+            "course_kernels": list(self.course_kernels),
+            "forbidden_ops": [(u.op, u.site, u.dtype) for u in self.forbidden_ops],
+            "copies": [(u.op, u.site, u.dtype) for u in self.copies],
+            "warnings": list(self.warnings),
+            "margin_writes": [(list(a.view_shape), before, after)
+                              for a, before, after in self.margin_writes()],
+        }
+
+    def output_facts(self, t: torch.Tensor) -> tuple[bool, bool]:
+        """(passed to a launch, changed by a launch) for an output of the watched call."""
+        return self.passed_to_launch(t), self.changed_by_launch(t)
+
+    def merge_remote(self, summary: dict) -> None:
+        """Add what a watched call in another process did (that record's `summary()`)."""
+        self.launches += summary["launches"]
+        self.atomic_kernels += summary["atomic_kernels"]
+        self.course_kernels += summary["course_kernels"]
+        self.forbidden_ops += [OpUse(*use) for use in summary["forbidden_ops"]]
+        self.copies += [OpUse(*use) for use in summary["copies"]]
+        self.warnings += [w for w in summary["warnings"] if w not in self.warnings]
+        self.allocations += [RemoteAllocation(tuple(shape), before, after)
+                             for shape, before, after in summary["margin_writes"]]
+
+    def note_remote_output(self, t: torch.Tensor, passed: bool, changed: bool) -> None:
+        """`t` holds an output that the other process's record judged: (passed to a launch,
+        changed by a launch) there, for `passed_to_launch` and `changed_by_launch` here."""
+        storage = t.untyped_storage()
+        if passed:
+            self.launched_storages.add(storage.data_ptr())
+        mask = torch.full((storage.nbytes(),), changed, dtype=torch.bool, device=t.device)
+        self.changed_bytes[storage.data_ptr()] = (storage, mask)
+
+
+@dataclass(frozen=True)
+class RemoteAllocation:
+    """A tensor the learner's function allocated in another process whose poisoned margins
+    it overwrote: what `PoisonedAllocation` reports, without the buffer."""
+
+    view_shape: tuple[int, ...]
+    before: int
+    after: int
+
+    def margin_writes(self) -> tuple[int, int]:
+        return self.before, self.after
+
+
+# The records of the watches active in this process, innermost last (see `watch`).
+_ACTIVE: list[CallRecord] = []
+
+
+def active_records() -> list[CallRecord]:
+    """The records of every `watch()` running now, innermost last."""
+    return list(_ACTIVE)
+
 
 class _Interceptor(TorchDispatchMode):
     def __init__(self, record: CallRecord):
@@ -318,14 +392,22 @@ class CourseKernelRefused(RuntimeError):
 
 
 def _course_module(kernel: object) -> str | None:
-    module = getattr(_python_function(kernel), "__module__", None) or ""
+    """Where a kernel the course ships comes from, for the refusal ("from `module`", or "a
+    copy of `solutions.kernels.x.y`"); None for the learner's own. A copy of a reference
+    kernel is known by its fingerprint: the learner's package has the fingerprints, not the
+    kernels (`course.kernel_records`)."""
+    from course import kernel_records
+
+    function = _python_function(kernel)
+    module = getattr(function, "__module__", None) or ""
     if any(module == p or module.startswith(p + ".") for p in COURSE_PACKAGES):
-        return module
-    return None
+        return f"from `{module}`"
+    copied = kernel_records.copied_from(function)
+    return None if copied is None else f"a copy of `{copied}`"
 
 
-def course_kernel_message(name: str, module: str) -> str:
-    return (f"launched `{name}` from `{module}`, a kernel the course ships: the exercise asks "
+def course_kernel_message(name: str, where: str) -> str:
+    return (f"launched `{name}` ({where}), a kernel the course ships: the exercise asks "
             "for your own kernel, not the reference solution. Write the @triton.jit kernel "
             "in your notebook and launch that one.")
 
@@ -516,4 +598,8 @@ def watch(track_changes: bool = True) -> Iterator[CallRecord]:
     record = CallRecord(track_changes=track_changes)
     with collect_warnings() as record.warnings, _count_launches(record), \
             _watch_interpreter_atomics(record), _Interceptor(record):
-        yield record
+        _ACTIVE.append(record)
+        try:
+            yield record
+        finally:
+            _ACTIVE.remove(record)
