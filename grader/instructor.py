@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -522,6 +523,16 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
                               f"{log}:\n{_tail(log)}")
         for student in failed:
             _zero_grades(course, chapter, student)
+        # nbgrader's scores are replaced by verified ones, for every submission it tried:
+        # the verifier also grades the exercises before a cell that stopped nbgrader.
+        verdicts = {student: current_verdict(course, chapter, student) for student in names}
+        stale = [student for student in names if force or verdicts[student] is None]
+        verdicts.update(verify(course, chapter, stale,
+                               cell_timeout_s or configured_timeout(course)))
+        for student in stale:
+            annotate(course, chapter, student, verdicts[student])
+        apply_verdicts(course, [chapter])
+        seconds = time.perf_counter() - start
         # Every collected submission of the chapter, as the summary lists them all.
         flags = {s: found for s in course.submissions(chapter)
                  if (found := scanned.get((chapter, s)))}
@@ -529,13 +540,294 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
         say(f"{chapter}: {len(graded)} graded, {len(failed)} could not be run to the end, "
             f"in {seconds:.0f} s (log: {log.relative_to(course.root)})")
         for student in failed:
-            say(f"  {student}: NOT GRADED, scored 0: the notebook could not run to the end "
+            say(f"  {student}: NOT GRADED by nbgrader: the notebook could not run to the end "
                 "(a cell ignored the interrupt at its time limit and its kernel was killed, "
-                "or the kernel died); see the log")
+                "or the kernel died); see the log. Its points are the verifier's alone")
         for student in names:
+            if student in verdicts:
+                for line in verdict_lines(verdicts[student], student):
+                    say(line)
             if student in flags:
                 say(flag_line(student, flags[student], str(shown)))
     return runs
+
+
+def configured_timeout(course: Course) -> int:
+    """The time limit per cell that grader/nbgrader_config.py sets (GRADER_CELL_TIMEOUT_S
+    included)."""
+    config_path = course.grader_dir / "nbgrader_config.py"
+    config = PyFileConfigLoader(config_path.name, path=str(config_path.parent)).load_config()
+    return int(config.Execute.timeout)
+
+
+# ---------------------------------------------------------------- verification
+#
+# nbgrader's scores come from test cells that ran in the same Python process as the
+# learner's code, which can change what they call. Every submission nbgrader grades is
+# therefore graded again by `python -m course.verify`: its cells run in a process of their
+# own and the course's test cells in another, where nothing of the learner's runs; the
+# points that one decides replace nbgrader's for every autograded test cell. A submission
+# caught changing what the checks rely on scores 0 from that point on. The verdicts are
+# kept under grader/verified/, and the instructor's overrides in grader/overrides.csv; both
+# are applied to the gradebook after each autograde and before feedback and export.
+
+VERIFIED = "verified"
+OVERRIDES_CSV = "overrides.csv"
+VERDICTS_CSV = "grades_verdicts.csv"
+VERDICT_VERSION = 1  # course/verify/verifier.py's
+OVERRIDE_FIELDS = ["assignment", "student_id", "grade_id", "points", "reason", "when"]
+
+
+def verdict_path(course: Course, chapter: str, student: str) -> Path:
+    return course.grader_dir / VERIFIED / chapter / f"{student}.json"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _source(course: Course, chapter: str) -> Path:
+    return course.root / "solutions" / chapter / f"{chapter}.ipynb"
+
+
+def test_cells(course: Course, chapter: str) -> dict[str, float]:
+    """grade id -> points of each autograded test cell of `chapter`, from its source."""
+    nb = nbformat.read(_source(course, chapter), as_version=4)
+    found = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            found[meta["grade_id"]] = float(meta["points"])
+    return found
+
+
+def current_verdict(course: Course, chapter: str, student: str) -> dict | None:
+    """The verdict for the notebook now collected, against the source now in solutions/;
+    None when there is none, or it was made for other versions of either."""
+    try:
+        verdict = json.loads(verdict_path(course, chapter, student).read_text())
+        notebook = course.submitted / student / chapter / f"{chapter}.ipynb"
+        if verdict.get("version") != VERDICT_VERSION or \
+                verdict.get("sha256") != _sha256(notebook) or \
+                verdict.get("source_sha256") != _sha256(_source(course, chapter)):
+            return None
+        return verdict
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _verify_timeout(course: Course, chapter: str, cell_timeout_s: int) -> float:
+    """Long enough for every cell of the chapter to reach its time limit."""
+    cells = sum(c.cell_type == "code"
+                for c in nbformat.read(_source(course, chapter), as_version=4).cells)
+    return (cells + 2) * (cell_timeout_s + 15) + 600
+
+
+def verify(course: Course, chapter: str, students: Sequence[str], cell_timeout_s: int
+           ) -> dict[str, dict | None]:
+    """Run the verifier on collected submissions of one chapter (one process for all, each
+    submission's code in a process of its own); student -> verdict, None where it produced
+    none (the verifier was killed or failed: that submission then scores 0)."""
+    if not students:
+        return {}
+    log = course.logs / f"verify_{chapter}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "course.verify", str(_source(course, chapter)),
+               "--cell-timeout", str(cell_timeout_s)]
+    for student in students:
+        verdict_path(course, chapter, student).unlink(missing_ok=True)
+        command += ["--submission", str(course.submitted / student / chapter / f"{chapter}.ipynb"),
+                    str(verdict_path(course, chapter, student))]
+    with open(log, "a") as handle:
+        handle.write(f"$ {' '.join(command)}\n")
+        handle.flush()
+        process = subprocess.Popen(command, cwd=course.grader_dir,
+                                   env=dict(os.environ, **GRADING_ENV), stdout=handle,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            process.wait(timeout=len(students) * _verify_timeout(course, chapter,
+                                                                 cell_timeout_s))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            handle.write("\n[killed: the verification ran past its time limit]\n")
+    return {student: current_verdict(course, chapter, student) for student in students}
+
+
+def annotate(course: Course, chapter: str, student: str, verdict: dict | None) -> None:
+    """Say under each test cell of the autograded notebook (what the feedback page shows)
+    what the verification decided, and why a cell lost its points."""
+    path = course.autograded_notebook(student, chapter)
+    if not path.is_file():
+        return
+    nb = nbformat.read(path, as_version=4)
+    by_id = {c["grade_id"]: c for c in (verdict or {}).get("cells", [])}
+    for cell in nb.cells:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if cell.cell_type != "code" or grade_id not in test_cells(course, chapter):
+            continue
+        found = by_id.get(grade_id)
+        if found is None:
+            text = ("Graded again apart from your code: this submission could not be "
+                    "verified, so this cell scores 0.")
+        else:
+            text = (f"Graded again apart from your code: {found['points']:g} of "
+                    f"{found['max_points']:g} points"
+                    + (f". {found['reason']}" if found["status"] != "passed" else "."))
+        cell.outputs = [o for o in cell.get("outputs", [])
+                        if not (o.get("output_type") == "stream"
+                                and o.get("text", "").startswith("Graded again apart"))]
+        cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=text + "\n"))
+    nbformat.write(nb, path)
+
+
+@dataclass(frozen=True)
+class Override:
+    chapter: str
+    student: str
+    grade_id: str
+    points: float
+    reason: str
+    when: str
+
+
+def read_overrides(course: Course) -> dict[tuple[str, str, str], Override]:
+    path = course.grader_dir / OVERRIDES_CSV
+    if not path.is_file():
+        return {}
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return {(r["assignment"], r["student_id"], r["grade_id"]):
+            Override(r["assignment"], r["student_id"], r["grade_id"], float(r["points"]),
+                     r["reason"], r["when"]) for r in rows}
+
+
+def _write_overrides(course: Course, overrides: dict[tuple[str, str, str], Override]) -> None:
+    path = course.grader_dir / OVERRIDES_CSV
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(OVERRIDE_FIELDS)
+        for o in overrides.values():
+            writer.writerow([o.chapter, o.student, o.grade_id, f"{o.points:g}", o.reason, o.when])
+    os.replace(partial, path)
+
+
+def override(course: Course, chapter: str, student: str, grade_id: str,
+             points: float | None, reason: str) -> Override | None:
+    """Record the instructor's decision on one test cell of one submission (points None:
+    remove an earlier one), with the reason, and apply it to the gradebook."""
+    if chapter not in course.chapters():
+        raise GraderError(f"unknown chapter {chapter}; the chapters are "
+                          f"{', '.join(course.chapters())}")
+    cells = test_cells(course, chapter)
+    if grade_id not in cells:
+        raise GraderError(f"{chapter} has no autograded test cell {grade_id!r}; its test cells "
+                          f"are {', '.join(cells)}")
+    if student not in course.submissions(chapter):
+        raise GraderError(f"no collected submission of {chapter} by {student!r}")
+    if not reason.strip():
+        raise GraderError("say why (--reason): the reason is recorded with the points")
+    overrides = read_overrides(course)
+    key = (chapter, student, grade_id)
+    if points is None:
+        if key not in overrides:
+            raise GraderError(f"no override of {grade_id} for {student} in {chapter} to remove")
+        del overrides[key]
+        found = None
+    else:
+        if not 0 <= points <= cells[grade_id]:
+            raise GraderError(f"{grade_id} is worth 0 to {cells[grade_id]:g} points, not "
+                              f"{points:g}")
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        found = overrides[key] = Override(chapter, student, grade_id, float(points),
+                                          reason.strip(), stamp)
+    _write_overrides(course, overrides)
+    if Path(course.db_url.removeprefix("sqlite:///")).is_file():
+        apply_verdicts(course, [chapter])
+    return found
+
+
+@dataclass(frozen=True)
+class CellVerdict:
+    chapter: str
+    student: str
+    grade_id: str
+    points: float
+    max_points: float
+    status: str          # the verifier's, "not verified", or "overridden"
+    reason: str
+
+
+def apply_verdicts(course: Course, chapters: Sequence[str] | None = None) -> list[CellVerdict]:
+    """Put the verified points (or the instructor's overrides) into the gradebook for every
+    autograded test cell of every submission nbgrader graded in `chapters`; a submission
+    with no current verdict scores 0 there. One transaction per submission. Returns every
+    test cell's points and why."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    overrides = read_overrides(course)
+    rows = []
+    with Gradebook(course.db_url, course.course_id) as gb:
+        for chapter in course.select(chapters):
+            cells = test_cells(course, chapter)
+            for student in course.submissions(chapter):
+                try:
+                    submission = gb.find_submission(chapter, student)
+                except MissingEntry:
+                    continue
+                verdict = current_verdict(course, chapter, student)
+                by_id = {c["grade_id"]: c for c in (verdict or {}).get("cells", [])}
+                for notebook in submission.notebooks:
+                    for grade in notebook.grades:
+                        if grade.name not in cells:
+                            continue
+                        found = by_id.get(grade.name)
+                        points = float(found["points"]) if found else 0.0
+                        status = found["status"] if found else "not verified"
+                        reason = found["reason"] if found else (
+                            "no verdict for this version of the notebook: run `make autograde` "
+                            "again (it verifies what has none)")
+                        chosen = overrides.get((chapter, student, grade.name))
+                        if chosen is not None:
+                            points, status = chosen.points, "overridden"
+                            reason = f"{chosen.reason} (overridden {chosen.when})"
+                        grade.auto_score = points
+                        grade.manual_score = None
+                        grade.needs_manual_grade = False
+                        rows.append(CellVerdict(chapter, student, grade.name, points,
+                                                cells[grade.name], status, reason))
+                gb.db.commit()
+    return rows
+
+
+def write_verdicts_csv(rows: list[CellVerdict], path: Path) -> Path:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["assignment", "student_id", "grade_id", "points", "max_points",
+                         "status", "reason"])
+        for r in rows:
+            writer.writerow([r.chapter, r.student, r.grade_id, f"{r.points:g}",
+                             f"{r.max_points:g}", r.status, r.reason])
+    os.replace(partial, path)
+    return path
+
+
+def verdict_lines(verdict: dict | None, student: str) -> list[str]:
+    """What autograde says of one verified submission."""
+    if verdict is None:
+        return [f"  {student}: NOT VERIFIED, scored 0: the verifier gave no verdict (see "
+                "grader/logs/verify_*.log)"]
+    got = sum(c["points"] for c in verdict["cells"])
+    out_of = sum(c["max_points"] for c in verdict["cells"])
+    lines = [f"  {student}: verified {got:g} / {out_of:g} in {verdict['seconds']:.0f} s"]
+    for found in verdict.get("tampering", []):
+        lines.append(f"  {student}: TAMPERING in {found['cell']}, scored 0 from there on: "
+                     + "; ".join(found["changes"][:3]))
+    for why in verdict.get("lost", []):
+        lines.append(f"  {student}: the learner's process was lost: {why.splitlines()[0]}")
+    return lines
 
 
 # ---------------------------------------------------------------- scores, feedback, grades
@@ -609,6 +901,7 @@ def feedback(course: Course, chapters: Sequence[str] | None = None) -> list[Path
     if not todo:
         raise GraderError("nothing autograded yet for " + ", ".join(selected) +
                           ": run `make autograde` first")
+    apply_verdicts(course, todo)  # the feedback shows the verified points
     for chapter in todo:
         log = course.logs / f"feedback_{chapter}.log"
         status = run_nbgrader(course, ["generate_feedback", chapter, "--force"], log)
@@ -618,12 +911,18 @@ def feedback(course: Course, chapters: Sequence[str] | None = None) -> list[Path
     return sorted(p for ch in todo for p in course.feedback.glob(f"*/{ch}/*.html"))
 
 
-def export_grades(course: Course, out: Path | None = None) -> tuple[Path, Path, Path]:
+def export_grades(course: Course, out: Path | None = None
+                  ) -> tuple[Path, Path, Path, Path, list[CellVerdict]]:
     """nbgrader's CSV (a row per student and chapter) at `out` (default grader/grades.csv),
-    a row per student and test cell beside it (grades_by_exercise.csv), and a row per
-    integrity flag of every collected submission (grades_integrity.csv)."""
+    a row per student and test cell beside it (grades_by_exercise.csv), a row per test cell
+    with its verified points and why (grades_verdicts.csv), and a row per integrity flag of
+    every collected submission (grades_integrity.csv). The verified points and the
+    instructor's overrides are put into the gradebook first: nothing reaches the CSV files
+    that the verifier did not decide, or an instructor."""
     out = (course.grader_dir / "grades.csv") if out is None else Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)  # nbgrader does not create it
+    verdicts = apply_verdicts(course) if Path(
+        course.db_url.removeprefix("sqlite:///")).is_file() else []
     log = course.logs / "export.log"
     status = run_nbgrader(course, ["export", f"--to={out}"], log)
     if status != 0 or not out.is_file():
@@ -636,9 +935,10 @@ def export_grades(course: Course, out: Path | None = None) -> tuple[Path, Path, 
         for row in cell_grades(course):
             writer.writerow([row.chapter, row.student, row.grade_id, f"{row.score:g}",
                              f"{row.max_score:g}"])
+    checked = write_verdicts_csv(verdicts, out.with_name(f"{out.stem}_verdicts.csv"))
     integrity, _ = write_integrity_csv(all_integrity_flags(course),
                                        out.with_name(f"{out.stem}_integrity.csv"))
-    return out, by_exercise, integrity
+    return out, by_exercise, checked, integrity, verdicts
 
 
 # ---------------------------------------------------------------- command line
@@ -665,6 +965,16 @@ def build_parser() -> argparse.ArgumentParser:
                             help="time limit per cell (default: grader/nbgrader_config.py's)")
     feedback_step = steps.add_parser("feedback", help="HTML feedback in grader/feedback/")
     feedback_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
+    override_step = steps.add_parser(
+        "override", help="set the points of one test cell of one submission by hand, with "
+                         "the reason (recorded in grader/overrides.csv)")
+    override_step.add_argument("chapter")
+    override_step.add_argument("student")
+    override_step.add_argument("grade_id", help="the test cell, e.g. ex04_fused_correct")
+    override_step.add_argument("points", type=float, nargs="?", default=None)
+    override_step.add_argument("--reason", required=True, help="why (kept with the points)")
+    override_step.add_argument("--remove", action="store_true",
+                               help="drop an earlier override: the verified points apply")
     grades_step = steps.add_parser("grades", help="export the grades as CSV")
     grades_step.add_argument("--out", type=Path, default=None,
                              help="CSV file (default: grader/grades.csv)")
@@ -701,9 +1011,25 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
             print(f"wrote {len(files)} feedback file(s) under {course.feedback}")
             return 0
         if args.step == "grades":
-            out, by_exercise, integrity = export_grades(course, args.out)
-            print(f"wrote {out} (per chapter), {by_exercise} (per test cell) and {integrity} "
-                  "(per integrity flag: review those submissions by hand)")
+            out, by_exercise, checked, integrity, verdicts = export_grades(course, args.out)
+            print(f"wrote {out} (per chapter), {by_exercise} (per test cell), {checked} (the "
+                  f"verified points of each test cell, and why) and {integrity} (per integrity "
+                  "flag)")
+            unverified = sorted({(v.chapter, v.student) for v in verdicts
+                                 if v.status == "not verified"})
+            for chapter, student in unverified:
+                print(f"  {student}/{chapter}: NOT VERIFIED, exported as 0: run "
+                      f"`make autograde CHAPTERS={chapter} STUDENTS={student}`")
+            return 0
+        if args.step == "override":
+            points = None if args.remove else args.points
+            if points is None and not args.remove:
+                raise GraderError("give the points, or --remove to drop an earlier override")
+            done = override(course, args.chapter, args.student, args.grade_id, points,
+                            args.reason)
+            print(f"{args.student}/{args.chapter} {args.grade_id}: "
+                  + (f"{done.points:g} points, recorded in {course.grader_dir / OVERRIDES_CSV}"
+                     if done else "override removed: the verified points apply again"))
             return 0
     except GraderError as exc:
         print(f"{args.step} failed: {exc}", file=sys.stderr)

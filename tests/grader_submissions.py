@@ -189,7 +189,7 @@ def time_floor_us(nbytes: float, bytes_per_s: float) -> float:
 
 # ---------------------------------------------------------------- chapter 04: the fused kernel
 # The exercise cell holds the kernel and the wrapper; earlier cells of the chapter define
-# `validation` (solutions.kernels.validation) and `warps_for`.
+# `validation` (course.validation) and `warps_for`.
 
 _CH04_WRAPPER = '''
 
@@ -325,4 +325,129 @@ CH04_SUBMISSIONS = [
           CH04_NO_STORE, "never stores into the tensor you return"),
     _ch04("mistakes_e", "caches the result per shape", CH04_CACHED,
           "returned the first call's result"),
+]
+
+
+# ---------------------------------------------------------------- chapter 04: cheats
+# Submissions that tamper with grading from inside the notebook, each of which stock
+# nbgrader (test cells in the learner's own process) would have given points. The
+# verifier (course.verify) must leave each 0 on the cells it targets. They build on the
+# correct kernel and wrapper above where they need a working kernel.
+
+_RETURNS_INPUT = '''
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x
+'''
+
+# The checkers replaced with setattr, their names assembled from strings so that no line
+# names them; the comparison and torch.equal too, so the hidden test passes in-notebook.
+CH04_SETATTR_PATCH = _RETURNS_INPUT + '''
+_target = __import__("cour" + "se.che" + "ck", fromlist=["_"])
+for _name in ("rmsnorm_for" + "ward", "rmsnorm_for" + "ward_bandwidth"):
+    setattr(_target, _name, lambda *a, **k: None)
+setattr(__import__("cour" + "se.check.com" + "pare", fromlist=["_"]), "com" + "pare",
+        lambda *a, **k: None)
+'''
+
+# A module of permissive checkers in place of course.check in sys.modules.
+CH04_SYS_MODULES_SWAP = _RETURNS_INPUT + '''
+import sys
+import types
+
+_fake = types.ModuleType("course.check")
+_fake.rmsnorm_forward = _fake.rmsnorm_forward_bandwidth = lambda *a, **k: None
+sys.modules["course.check"] = _fake
+sys.modules["course"].check = _fake
+'''
+
+# The comparisons themselves replaced: torch.allclose, torch.testing, the course's compare.
+CH04_COMPARISON_PATCH = _RETURNS_INPUT + '''
+import torch.testing
+from course.check import compare as _compare_module
+from course.check import runner as _runner
+
+torch.allclose = lambda *a, **k: True
+torch.testing.assert_close = lambda *a, **k: None
+_compare_module.compare = _runner.compare = lambda *a, **k: None
+_runner.provenance_findings = _runner.rule_findings = lambda *a, **k: []
+'''
+
+# A correct kernel, and clocks that run slow: every time comes out tiny.
+CH04_TIMER_PATCH = _ch04_with() + '''
+import time
+
+_clock = time.perf_counter
+time.perf_counter = lambda: _clock() / 100
+torch.cuda.Event.elapsed_time = lambda self, end: 1e-3
+'''
+
+# A correct kernel behind a cache keyed by the inputs' addresses: right for new tensors,
+# stale when the same buffers are refilled (as a model's static buffers are).
+CH04_ADDRESS_CACHE = _CH04_KERNEL + '''
+
+_by_address = {}
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    key = (x.data_ptr(), weight.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype, eps)
+    if key not in _by_address:
+        x2 = validation.as_rows(x)
+        M, N = x2.shape
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        block_n = triton.next_power_of_2(N)
+        rmsnorm_kernel[(M,)](x2, weight, y, x2.stride(0), y.stride(0), N, eps,
+                             BLOCK_N=block_n, num_warps=warps_for(block_n))
+        _by_address[key] = y.view(x.shape)
+    return _by_address[key]
+'''
+
+# A kernel that fails to launch, an exception swallowed into returning the input, and the
+# notebook told to show no error for any cell (so every failing test cell looks passed).
+CH04_SILENCED = _ch04_with(("BLOCK_N: tl.constexpr", "BLOCK_N: tl.constexpr, MISSING")) + '''
+_launch = rmsnorm
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    try:
+        return _launch(x, weight, eps)
+    except Exception:
+        return x.clone()
+
+
+get_ipython().set_custom_exc((BaseException,), lambda *args, **kwargs: None)
+'''
+
+# The course's own reference kernel in place of the learner's.
+CH04_REFERENCE_IMPORT = '''
+from solutions.kernels import rmsnorm as _reference
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return _reference(x, weight, eps)
+'''
+
+TAMPERING = "changed what the checks rely on"
+
+
+def _cheat(student: str, what: str, code: str, reason: str,
+           loses: tuple[str, ...] = CH04_CORRECTNESS) -> Submission:
+    return Submission(student, "ch04_fused", what, {"ex04_fused_code": code}, loses, reason)
+
+
+CH04_CHEATS = [
+    Submission("honest", "ch04_fused"),
+    _cheat("setattr", "replaces the checkers with setattr (names built from strings)",
+           CH04_SETATTR_PATCH, TAMPERING),
+    _cheat("modules", "swaps course.check in sys.modules", CH04_SYS_MODULES_SWAP, TAMPERING),
+    _cheat("compare", "replaces torch.allclose, torch.testing and the course's compare",
+           CH04_COMPARISON_PATCH, TAMPERING),
+    _cheat("timer", "a correct kernel, with time.perf_counter and Event.elapsed_time patched",
+           CH04_TIMER_PATCH, TAMPERING),
+    _cheat("address", "caches results by the inputs' addresses", CH04_ADDRESS_CACHE,
+           "cached by the input's address"),
+    _cheat("silenced", "swallows its kernel's exception and hides every failing cell",
+           CH04_SILENCED, "wrong"),
+    _cheat("reference", "calls the course's own reference kernel", CH04_REFERENCE_IMPORT,
+           "kernel the course ships"),
 ]

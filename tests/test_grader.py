@@ -302,7 +302,7 @@ def test_infinite_loop_is_interrupted_at_the_configured_limit_and_grading_goes_o
 def test_a_hang_that_ignores_the_interrupt_is_killed_and_costs_its_chapter_only(graded):
     sub = graded.submission("mistakes_d", "ch02_roofline")
     assert graded.statuses["short"] == 1, graded.outputs["short"]
-    assert f"{sub.student}: NOT GRADED, scored 0" in graded.outputs["short"]
+    assert f"{sub.student}: NOT GRADED by nbgrader" in graded.outputs["short"]
     assert not autograded(graded.root, sub.student, sub.chapter).exists()
     assert gradebook_points(graded.root, sub.student, sub.chapter) == \
         dict.fromkeys(graded_cells(graded.root, sub.chapter), 0.0)

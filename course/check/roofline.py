@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from numbers import Real
 
 from course import traffic
+from course.check import guards
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
@@ -175,7 +176,8 @@ def _traffic_calls() -> Iterator[list[str]]:
 
     sys.setprofile(profile)
     try:
-        yield called
+        with guards.guarded(guards.TRAFFIC_CALLS, called):
+            yield called
     finally:
         sys.setprofile(previous)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from course import reference
+from course.check import guards
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
@@ -134,7 +135,7 @@ class _RefuseBuiltInRMSNorm(TorchFunctionMode):
 
 
 def _call(fn: Callable, t: Tensors, case: Case) -> object:
-    with _RefuseBuiltInRMSNorm():
+    with guards.guarded(guards.REFUSE_BUILT_IN_RMSNORM), _RefuseBuiltInRMSNorm():
         return RMSNORM_FORWARD.call(fn, t, case)
 
 

@@ -1,0 +1,39 @@
+"""python -m course.verify SOURCE --submission SUBMITTED VERDICT [--submission ...]
+                           [--cell-timeout SECONDS]
+
+Verifies each submitted notebook against its chapter's source notebook (course.verify's
+text says how), one after the other, and writes each verdict as JSON as soon as it is
+ready, atomically: a verdict file is either whole or absent. Prints the points of each
+test cell. Exit status 0 when every verdict was written, 2 when the arguments are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from course.verify.verifier import verify_all
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course.verify",
+                                     description=__doc__.split("\n\n")[1].strip())
+    parser.add_argument("source", type=Path, help="the chapter's source notebook")
+    parser.add_argument("--submission", nargs=2, action="append", type=Path, required=True,
+                        metavar=("SUBMITTED", "VERDICT"),
+                        help="a submitted notebook and the file its verdict goes to")
+    parser.add_argument("--cell-timeout", type=int, default=300, metavar="SECONDS")
+    args = parser.parse_args(argv)
+    for path in [args.source] + [s for s, _ in args.submission]:
+        if not path.is_file():
+            parser.error(f"no file {path}")
+    if args.cell_timeout <= 0:
+        parser.error("--cell-timeout must be above 0")
+    verify_all([(s, v) for s, v in args.submission], args.source,
+               cell_timeout_s=args.cell_timeout, say=lambda text: print(text, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""The learner's process: it runs a submission's cells and calls its functions for the
+verifier (`course.verify.verifier`), which never runs the learner's code itself.
+
+    python -m course.verify.learner READ_FD WRITE_FD
+
+The verifier starts it with the autograder's environment (COURSE_GRADING=1). It imports
+the course, keeps a snapshot of what the checks rely on (`course.verify.tamper`), and then
+answers one request at a time:
+
+    run_cell  {source, label}                 one of the notebook's cells, in an IPython shell
+    describe  {name}                          what the notebook binds to `name`
+    call      {name, args, kwargs, storages, guards}
+                                              one call of a function of the notebook, watched
+    forward   {name, args, storages, guards}  `apply` of an autograd.Function, watched
+    backward  {token, args, storages}         backward of an earlier forward (args: the
+                                              gradients of its outputs), watched
+    exit
+
+A function runs inside `course.check.sandbox.watch()`, as it does under a checker in one
+process; the reply carries what the watch saw, the outputs, and every byte of the argument
+storages afterwards. Every reply also carries the tampering found since the previous one.
+Only the verifier judges any of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+
+# `course` first: importing it picks the mode (GPU or Triton's interpreter).
+import course.check  # noqa: F401  (every checker module, in the snapshot below)
+from course import bench, hardware, reference, runtime, traffic  # noqa: F401  (likewise)
+from course.check import guards, sandbox
+from course.check.roofline import _traffic_calls
+from course.check.runner import explain_error
+from course.check.torch_reference import _RefuseBuiltInRMSNorm
+from course.verify import protocol, tamper
+
+import torch
+
+# Bytes of argument storages kept between calls (so that a key seen again is the same
+# buffer, refilled); past this the oldest go.
+KEEP_STORAGE_BYTES = 1 << 30
+# Earlier outputs watched for later changes (one buffer returned twice), and forwards kept
+# for their backward.
+KEEP_OUTPUTS = 8
+KEEP_FORWARDS = 64
+# Plain values a `describe` may send back.
+PLAIN = (bool, int, float, str, type(None), torch.dtype)
+
+
+class _Forward:
+    def __init__(self, inputs: list, outputs: tuple, returned: list):
+        self.inputs, self.outputs, self.returned = inputs, outputs, returned
+
+
+def _probe(function_class: type, returned: list) -> type:
+    """A subclass of the learner's Function that notes what its backward returns, before
+    autograd checks and drops anything (the verifier's own checker makes the same count)."""
+    original = function_class.backward
+
+    def backward(ctx, *grads):
+        out = original(ctx, *grads)
+        returned.append(out if isinstance(out, tuple) else (out,))
+        return out
+
+    return type(function_class.__name__, (function_class,), {"backward": staticmethod(backward)})
+
+
+def _error(exc: BaseException) -> dict:
+    """The learner's exception as the verifier rebuilds it: its type's name, its message,
+    the line of the learner's code that raised it, whether it left the GPU unusable, and
+    its built-in base classes (so that `except RuntimeError` there catches it too)."""
+    if isinstance(exc, Exception):
+        text, fatal = explain_error(exc)
+    else:
+        text, fatal = f"{type(exc).__name__}: {exc}", False
+    head = f"{type(exc).__name__}: {exc}".strip()
+    frame = text[len(head):] if text.startswith(head) else ""
+    bases = [c.__name__ for c in type(exc).__mro__
+             if c.__module__ == "builtins" and issubclass(c, Exception)]
+    return {"type": type(exc).__name__, "message": str(exc), "frame": frame, "fatal": fatal,
+            "bases": bases}
+
+
+class Server:
+    """Answers the verifier's requests (see the module's text)."""
+
+    def __init__(self) -> None:
+        from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
+
+        config = Config()
+        config.HistoryManager.enabled = False
+        self.shell = InteractiveShell.instance(config=config)
+        self.storages: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
+        self.outputs: collections.deque = collections.deque(maxlen=KEEP_OUTPUTS)
+        self.forwards: collections.OrderedDict[int, _Forward] = collections.OrderedDict()
+        self.handles = itertools.count(1)
+        self.snapshot = tamper.Snapshot.take()  # last: after everything the course imports
+        self.reported: set[str] = set()
+
+    def tampering(self) -> list[str]:
+        """Changes since the snapshot, each reported once."""
+        new = []
+        for change in self.snapshot.changes():
+            if change.what not in self.reported:
+                self.reported.add(change.what)
+                new.append(str(change))
+        return new
+
+    def handle(self, message: dict) -> dict:
+        requests = {"run_cell": self.run_cell, "describe": self.describe, "call": self.call,
+                    "forward": self.forward, "backward": self.backward}
+        op = message.get("op")
+        if op not in requests:
+            raise ValueError(f"unknown request {op!r}")
+        reply = requests[op](message)
+        reply["tampering"] = self.tampering()
+        return reply
+
+    # ------------------------------------------------------------ cells and names
+
+    def run_cell(self, message: dict) -> dict:
+        result = self.shell.run_cell(message["source"], store_history=False)
+        exc = result.error_before_exec or result.error_in_exec
+        return {"error": _error(exc) if exc is not None else None}
+
+    def describe(self, message: dict) -> dict:
+        name = message["name"]
+        if name not in self.shell.user_ns:
+            return {"kind": "missing"}
+        value = self.shell.user_ns[name]
+        if isinstance(value, type) and issubclass(value, torch.autograd.Function):
+            return {"kind": "autograd", "type": value.__name__}
+        if isinstance(value, type(os)):
+            return {"kind": "module", "module": value.__name__}
+        if callable(value):
+            return {"kind": "callable", "type": type(value).__name__}
+        packed = self._plain(value)
+        if packed is not None:
+            return {"kind": "value", "value": packed}
+        return {"kind": "other", "type": type(value).__name__}
+
+    def _plain(self, value: object, depth: int = 0) -> dict | None:
+        if isinstance(value, PLAIN):
+            return {"plain": value}
+        if type(value) is torch.Tensor:
+            return {"tensor": protocol.plain_tensor(value), "device": value.device.type}
+        if isinstance(value, (tuple, list)) and depth < 3 and len(value) < 64:
+            items = [self._plain(v, depth + 1) for v in value]
+            if all(i is not None for i in items):
+                return {"sequence": items, "tuple": isinstance(value, tuple)}
+        return None
+
+    # ------------------------------------------------------------ arguments and outputs
+
+    def _take_storages(self, message: dict) -> None:
+        """Bring each argument storage in: a key seen before lands in the same buffer,
+        refilled in place."""
+        incoming, devices = message.get("storages", {}), message.get("devices", {})
+        for key, data in incoming.items():
+            device = torch.device(devices[key])
+            kept = self.storages.get(key)
+            if kept is not None and kept.numel() == data.numel() and \
+                    kept.device.type == device.type:
+                kept.copy_(data)
+                self.storages.move_to_end(key)
+            else:
+                self.storages[key] = data.to(device, copy=True)
+        total = sum(t.numel() for t in self.storages.values())
+        while total > KEEP_STORAGE_BYTES and len(self.storages) > len(incoming):
+            _, dropped = self.storages.popitem(last=False)
+            total -= dropped.numel()
+
+    def _unpack(self, value: object) -> object:
+        if isinstance(value, dict) and value.get("kind") == "tensor":
+            return protocol.view_on(self.storages[value["key"]], value)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._unpack(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._unpack(v) for k, v in value.items()}
+        return value
+
+    def _arguments(self, message: dict) -> tuple[list, dict]:
+        self._take_storages(message)
+        args = [self._unpack(a) for a in message.get("args", [])]
+        kwargs = {k: self._unpack(v) for k, v in message.get("kwargs", {}).items()}
+        return args, kwargs
+
+    def _output(self, value: object, record: sandbox.CallRecord | None) -> dict:
+        if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                # A subclass can compute when it is read: only plain values travel.
+                return {"kind": "object", "type": type(value).__name__}
+            facts = record.output_facts(value) if record is not None else (True, True)
+            handle = next(self.handles)
+            self.outputs.append((handle, value, value.detach().clone()))
+            return {"kind": "tensor", "values": protocol.plain_tensor(value),
+                    "device": value.device.type, "facts": facts,
+                    "requires_grad": bool(value.requires_grad), "handle": handle}
+        if isinstance(value, (tuple, list)):
+            return {"kind": "sequence", "tuple": isinstance(value, tuple),
+                    "items": [self._output(v, record) for v in value]}
+        if isinstance(value, PLAIN):
+            return {"kind": "plain", "value": value}
+        return {"kind": "object", "type": type(value).__name__}
+
+    def _changed_outputs(self, before: int) -> dict[int, torch.Tensor]:
+        """Outputs sent before handle `before` whose values have changed since (the same
+        memory returned again and overwritten): their values now, by handle."""
+        changed = {}
+        for index, (handle, tensor, sent) in enumerate(list(self.outputs)):
+            if handle >= before:
+                continue
+            now = tensor.detach()
+            if now.is_floating_point():
+                same = bool(torch.isclose(now, sent, rtol=0, atol=0, equal_nan=True).all())
+            else:
+                same = torch.equal(now, sent)
+            if not same:
+                changed[handle] = protocol.plain_tensor(now)
+                self.outputs[index] = (handle, tensor, now.clone())
+        return changed
+
+    def _watched(self, message: dict, body: Callable[[], object]) -> tuple[dict, object]:
+        """Run `body()` watched, inside the wrappers the verifier's check had active;
+        the reply, and what `body` returned."""
+        first_handle = next(self.handles)
+        record, result, error = None, None, None
+        sinks: dict[str, list] = {}
+        try:
+            with contextlib.ExitStack() as stack:
+                for name in message.get("guards", []):
+                    if name == guards.REFUSE_BUILT_IN_RMSNORM:
+                        stack.enter_context(_RefuseBuiltInRMSNorm())
+                    elif name == guards.TRAFFIC_CALLS:
+                        sinks[name] = stack.enter_context(_traffic_calls())
+                record = stack.enter_context(sandbox.watch(
+                    track_changes=message.get("track_changes", True)))
+                result = body()
+            runtime.synchronize()  # a GPU fault surfaces here, inside the try
+        except BaseException as exc:  # the learner's code (its exit() too): reported
+            error = _error(exc)
+        reply = {"error": error, "record": record.summary() if record is not None else None,
+                 "sinks": {name: list(found) for name, found in sinks.items()},
+                 "outputs": self._output(result, record) if error is None else None,
+                 "storages_after": {key: self.storages[key].to("cpu", copy=True)
+                                    for key in message.get("storages", {})
+                                    if key in self.storages},
+                 "changed_outputs": self._changed_outputs(first_handle)}
+        return reply, result
+
+    # ------------------------------------------------------------ calls
+
+    def call(self, message: dict) -> dict:
+        fn = self.shell.user_ns.get(message["name"])
+        if fn is None:
+            return {"error": _error(NameError(f"name {message['name']!r} is not defined"))}
+        args, kwargs = self._arguments(message)
+        return self._watched(message, lambda: fn(*args, **kwargs))[0]
+
+    def forward(self, message: dict) -> dict:
+        function_class = self.shell.user_ns.get(message["name"])
+        if not (isinstance(function_class, type)
+                and issubclass(function_class, torch.autograd.Function)):
+            return {"error": _error(NameError(f"{message['name']!r} is not an "
+                                              "autograd.Function here"))}
+        args, _ = self._arguments(message)
+        # Leaves of their own (sharing the buffers), as the checker's inputs are.
+        args = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and need else a
+                for a, need in zip(args, message["needs_grad"], strict=True)]
+        returned: list = []
+        probe = _probe(function_class, returned)
+        reply, result = self._watched(message, lambda: probe.apply(*args))
+        if reply["error"] is None:
+            token = next(self.handles)
+            outputs = result if isinstance(result, tuple) else (result,)
+            self.forwards[token] = _Forward(args, outputs, returned)
+            while len(self.forwards) > KEEP_FORWARDS:
+                self.forwards.popitem(last=False)
+            reply["token"] = token
+        return reply
+
+    def backward(self, message: dict) -> dict:
+        """Autograd's backward through the learner's Function for the gradients given; the
+        reply's outputs are what the learner's backward returned, as it returned them (the
+        verifier's autograd then makes its own checks of them)."""
+        state = self.forwards.get(message["token"])
+        if state is None:
+            return {"error": _error(RuntimeError("a backward for a forward this process no "
+                                                 "longer holds"))}
+        grads, _ = self._arguments(message)
+        pairs = [(o, g) for o, g in zip(state.outputs, grads, strict=False)
+                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        before = len(state.returned)
+
+        def run() -> object:
+            try:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            except RuntimeError:
+                if len(state.returned) == before:
+                    raise  # the learner's backward itself failed
+                # else autograd refused what it returned: the verifier's autograd will too
+            return state.returned[-1] if len(state.returned) > before else None
+
+        return self._watched(message, run)[0]
+
+
+def serve(read_fd: int, write_fd: int) -> None:
+    server = Server()
+    protocol.write_message(write_fd, {"ready": True, "mode": runtime.MODE,
+                                      "snapshot": len(server.snapshot)})
+    while True:
+        try:
+            message = protocol.read_message(read_fd)
+        except KeyboardInterrupt:  # an interrupt meant for a request that already ended
+            continue
+        except protocol.ChannelClosed:
+            return
+        if message.get("op") == "exit":
+            return
+        try:
+            reply = server.handle(message)
+        except KeyboardInterrupt:
+            reply = {"error": _error(KeyboardInterrupt("interrupted")), "tampering": []}
+        except Exception:  # a fault of ours: said, and the verifier decides
+            reply = {"error": {"type": "VerifierError", "message": traceback.format_exc(),
+                               "frame": "", "fatal": False, "bases": []}, "tampering": []}
+        protocol.write_message(write_fd, reply)
+
+
+def _die_with_parent() -> None:
+    """Linux: end when the verifier ends, even in the middle of the learner's code."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    read_fd, write_fd = int(args[0]), int(args[1])
+    _die_with_parent()
+    serve(read_fd, write_fd)
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: the learner's atexit hooks and threads stay out
+
+
+if __name__ == "__main__":
+    main()

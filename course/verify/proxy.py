@@ -1,0 +1,346 @@
+"""The verifier's side of the learner's process: starting it, asking it things, and
+standing in for the functions it holds.
+
+`LearnerProcess` starts `course.verify.learner` with two pipes and sends it requests with
+a deadline. `RemoteFunction(process, "rmsnorm")` is called like the learner's `rmsnorm`:
+it ships the arguments (each tensor with its whole storage), the learner's process calls
+the function watched, and what comes back is put in place here: the outputs as tensors of
+this process, the bytes the call left in each argument's storage written back into it,
+what the watch saw added to every `sandbox.watch()` running here, what the check's
+wrappers found (`course.check.guards`) added to their lists, and the learner's exception,
+if any, raised again under its own name. A checker that calls it cannot tell it from the
+function itself, except that nothing the function does can reach the checker.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+from course.check import guards, sandbox
+from course.verify import protocol
+
+import torch
+
+# After an interrupt, how long the learner's process has to answer before it is killed (a
+# GPU kernel that never returns holds it where Python's interrupt cannot run).
+INTERRUPT_GRACE_S = 10.0
+START_TIMEOUT_S = 300.0
+
+
+class LearnerLost(BaseException):
+    """The learner's process died or stopped answering: nothing more can be asked of it.
+    (A BaseException: the checkers turn a learner's Exception into a report line, and this
+    must stop the test cell instead.)"""
+
+
+class CellTimedOut(BaseException):
+    """A test cell ran past its time limit; its current request was interrupted."""
+
+
+class LearnerException(Exception):
+    """An exception the learner's code raised in its own process, raised again here."""
+
+    learner_frame = ""
+
+
+def rebuild_error(error: dict) -> LearnerException:
+    """The learner's exception under its own name, deriving from the first built-in class
+    it derived from (so that `except RuntimeError` catches a RuntimeError)."""
+    base = next((getattr(builtins, name) for name in error.get("bases", [])
+                 if isinstance(getattr(builtins, name, None), type)
+                 and issubclass(getattr(builtins, name), Exception)
+                 and getattr(builtins, name) is not Exception), None)
+    try:
+        cls = type(error["type"], (LearnerException, base) if base else (LearnerException,), {})
+    except TypeError:  # a built-in base whose layout does not mix
+        cls = type(error["type"], (LearnerException,), {})
+    exc = cls(error["message"])
+    exc.learner_frame = error.get("frame", "")
+    return exc
+
+
+class LearnerProcess:
+    """The learner's process, and one request at a time to it."""
+
+    def __init__(self, *, cwd: Path, env: dict[str, str], log_path: Path):
+        self.cwd, self.env, self.log_path = Path(cwd), dict(env), Path(log_path)
+        self.process: subprocess.Popen | None = None
+        self.deadline: float | None = None   # time.monotonic() by which a request must end
+        self.lost: str | None = None         # why nothing more can be asked
+        self.tampering: list[str] = []       # every change reported so far, in order
+        self.new_tampering: list[str] = []   # reported by the latest request
+
+    def start(self) -> dict:
+        """Start the process (unless `launch` did) and wait until it is ready."""
+        if self.process is None:
+            self.launch()
+        try:
+            return protocol.read_message(self._read, time.monotonic() + START_TIMEOUT_S)
+        except (protocol.ChannelClosed, protocol.ChannelTimeout) as exc:
+            self._kill(f"the learner's process did not start ({exc}); its log: "
+                       f"{self.log_tail()}")
+            raise LearnerLost(self.lost) from None
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (it imports torch and the course
+        meanwhile): the verifier starts the next submission's while it grades one."""
+        to_child, from_parent = os.pipe()
+        to_parent, from_child = os.pipe()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "course.verify.learner", str(to_child), str(from_child)],
+                pass_fds=(to_child, from_child), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env, start_new_session=True)
+        os.close(to_child)
+        os.close(from_child)
+        self._write, self._read = from_parent, to_parent
+        self.lost = None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def request(self, message: dict) -> dict:
+        if self.lost is not None:
+            raise LearnerLost(self.lost)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise CellTimedOut("the cell's time limit ran out")
+        try:
+            protocol.write_message(self._write, message)
+        except OSError:
+            self._kill("the learner's process is gone (its pipe is closed)")
+            raise LearnerLost(self.lost) from None
+        try:
+            reply = protocol.read_message(self._read, self.deadline)
+        except protocol.ChannelTimeout:
+            self._interrupt()
+            raise CellTimedOut("the cell's time limit ran out while the learner's code "
+                               "was running") from None
+        except protocol.ChannelClosed:
+            code = self.process.wait(timeout=30) if self.process else None
+            self._kill(f"the learner's process died while running its code (exit status "
+                       f"{code}: a crash, os._exit, or the system killed it)")
+            raise LearnerLost(self.lost) from None
+        except BaseException:
+            self._interrupt()
+            raise
+        self.new_tampering = list(reply.get("tampering", []))
+        self.tampering += self.new_tampering
+        return reply
+
+    def _interrupt(self) -> None:
+        """Stop the request in flight: an interrupt, then the reply it leads to is read and
+        dropped; if none comes in time, the process is killed."""
+        if self.process is None or self.process.poll() is not None:
+            self._kill("the learner's process ended")
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGINT)
+        try:
+            protocol.read_message(self._read, time.monotonic() + INTERRUPT_GRACE_S)
+        except (protocol.ChannelTimeout, protocol.ChannelClosed):
+            self._kill(f"the learner's code did not stop within {INTERRUPT_GRACE_S:.0f} s of "
+                       "being interrupted (on a GPU, a kernel that never returns), so its "
+                       "process was killed")
+
+    def _kill(self, why: str) -> None:
+        self.lost = why
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        for fd in (getattr(self, "_read", None), getattr(self, "_write", None)):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._read = self._write = None
+
+    def close(self) -> None:
+        if self.lost is None and self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                protocol.write_message(self._write, {"op": "exit"})
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill(self.lost or "closed")
+
+
+# ---------------------------------------------------------------- calls
+
+
+@contextlib.contextmanager
+def _paused(records: list[sandbox.CallRecord]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for record in records:
+            stack.enter_context(record.paused())
+        yield
+
+
+class _Packer:
+    """Arguments as message fields, and the storages they live in."""
+
+    def __init__(self) -> None:
+        self.storages: dict[str, torch.Tensor] = {}   # key -> this process's bytes
+        self.devices: dict[str, str] = {}
+
+    def pack(self, value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            key = protocol.key_of(value)
+            self.storages.setdefault(key.text(), protocol.storage_bytes(value))
+            self.devices[key.text()] = str(value.device)
+            return protocol.describe_view(value, key)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.pack(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.pack(v) for k, v in value.items()}
+        if isinstance(value, (bool, int, float, str, type(None), torch.dtype)):
+            return value
+        raise TypeError(f"the checker cannot pass a {type(value).__name__} to the learner's "
+                        "function in its own process")
+
+    def fields(self) -> dict:
+        return {"storages": {k: v.to("cpu", copy=True) for k, v in self.storages.items()},
+                "devices": dict(self.devices)}
+
+    def write_back(self, after: dict[str, torch.Tensor]) -> None:
+        """Every byte the call left in the argument storages, into this process's ones."""
+        for key, data in after.items():
+            mine = self.storages.get(key)
+            if mine is not None and mine.numel() == data.numel() and \
+                    not torch.equal(mine.cpu(), data):
+                mine.copy_(data)
+
+
+class LearnerObject:
+    """Stands for a value of the learner's process that does not travel (a tensor subclass,
+    an object of their own): only its type's name does."""
+
+
+class _Outputs:
+    """Outputs of the learner's process as tensors here, each kept by its handle there so
+    that a later change of that memory (the same buffer returned again) reaches it."""
+
+    def __init__(self) -> None:
+        self.by_handle: weakref.WeakValueDictionary[int, torch.Tensor] = \
+            weakref.WeakValueDictionary()
+
+    def build(self, field: dict | None, records: list[sandbox.CallRecord]) -> object:
+        if field is None:
+            return None
+        kind = field["kind"]
+        if kind == "tensor":
+            t = field["values"].to(torch.device(field["device"]))
+            self.by_handle[field["handle"]] = t
+            for record in records:
+                record.note_remote_output(t, *field["facts"])
+            return t
+        if kind == "sequence":
+            items = [self.build(item, records) for item in field["items"]]
+            return tuple(items) if field["tuple"] else items
+        if kind == "plain":
+            return field["value"]
+        return type(field["type"], (LearnerObject,), {})()
+
+    def refresh(self, changed: dict[int, torch.Tensor]) -> None:
+        for handle, values in changed.items():
+            t = self.by_handle.get(handle)
+            if t is not None and t.shape == values.shape:
+                t.copy_(values)
+
+
+class Learner:
+    """The learner's process and what stands for its functions here."""
+
+    def __init__(self, process: LearnerProcess):
+        self.process = process
+        self.outputs = _Outputs()
+
+    def describe(self, name: str) -> dict:
+        return self.process.request({"op": "describe", "name": name})
+
+    def run_cell(self, source: str, label: str) -> dict:
+        return self.process.request({"op": "run_cell", "source": source, "label": label})
+
+    def ask(self, message: dict, args: tuple, kwargs: dict | None = None) -> tuple[dict, object]:
+        """Send a watched request; the reply, and its outputs put in place here."""
+        records = sandbox.active_records()
+        with _paused(records):
+            packer = _Packer()
+            message = dict(message, args=[packer.pack(a) for a in args],
+                           kwargs={k: packer.pack(v) for k, v in (kwargs or {}).items()},
+                           guards=[name for name, _ in guards.active()],
+                           track_changes=all(r.track_changes for r in records), **packer.fields())
+            reply = self.process.request(message)
+            if reply.get("record") is not None:
+                for record in records:
+                    record.merge_remote(reply["record"])
+            for name, sink in guards.active():
+                if sink is not None:
+                    sink.extend(reply.get("sinks", {}).get(name, []))
+            packer.write_back(reply.get("storages_after", {}))
+            self.outputs.refresh(reply.get("changed_outputs", {}))
+            if reply.get("error") is not None:
+                raise rebuild_error(reply["error"])
+            return reply, self.outputs.build(reply.get("outputs"), records)
+
+    def function(self, name: str) -> RemoteFunction:
+        return RemoteFunction(self, name)
+
+    def autograd_class(self, name: str) -> type:
+        return remote_autograd_class(self, name)
+
+
+class RemoteFunction:
+    """Calls the learner's function `name` in its process (see the module's text)."""
+
+    def __init__(self, learner: Learner, name: str):
+        self.learner, self.name = learner, name
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return self.learner.ask({"op": "call", "name": self.name}, args, kwargs)[1]
+
+    def __repr__(self) -> str:
+        return f"<the learner's {self.name}, in its own process>"
+
+
+def remote_autograd_class(learner: Learner, name: str) -> type:
+    """A torch.autograd.Function here whose forward and backward run the learner's
+    Function `name` in its process: forward by its `apply` (with inputs that require grad
+    where these do), backward by autograd there, returning what the learner's backward
+    returned, as it returned it."""
+
+    def forward(ctx, *args):
+        needs = [bool(n) for n in ctx.needs_input_grad]
+        reply, out = learner.ask({"op": "forward", "name": name, "needs_grad": needs}, args)
+        ctx.token = reply["token"]
+        outs = out if isinstance(out, tuple) else (out,)
+        fields = reply["outputs"]["items"] if reply["outputs"]["kind"] == "sequence" \
+            else [reply["outputs"]]
+        frozen = [t for t, f in zip(outs, fields, strict=False)
+                  if isinstance(t, torch.Tensor) and not f.get("requires_grad", True)]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
+        return out
+
+    def backward(ctx, *grads):
+        _, returned = learner.ask({"op": "backward", "token": ctx.token}, grads)
+        return returned
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward),
+        "__doc__": f"The learner's {name}, run in its own process."})

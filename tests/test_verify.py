@@ -1,0 +1,327 @@
+"""The verifier (course.verify): the learner's code in a process of its own, the test cells
+and the points in another.
+
+The pieces first (the message format, the tamper check, the stand-ins for the learner's
+functions), then `verify` end to end on a small made-up chapter of two exercises, whose
+test cells need no Triton, so that each way a submission can misbehave costs seconds.
+The real chapters and the cheats that target them go through the autograder in
+tests/test_grader_trust.py.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import textwrap
+import time
+
+import course  # noqa: F401  (picks the mode before triton is imported)
+from course import check
+from course.check import sandbox
+from course.verify import protocol, tamper
+from course.verify.proxy import CellTimedOut, Learner, LearnerLost, LearnerProcess
+from course.verify.verifier import Verdict, course_imports, free_names, verify
+
+import pytest
+import torch
+
+nbformat = pytest.importorskip("nbformat", reason="the verifier reads notebooks")
+
+
+# ---------------------------------------------------------------- messages
+
+
+def test_a_message_round_trips_tensors_dtypes_and_plain_values():
+    message = {"a": [1, 2.5, "x", None, (torch.arange(6).view(2, 3), True)],
+               "dtype": torch.bfloat16, "nested": {"k": torch.ones(2, dtype=torch.float16)}}
+    back = protocol.decode(protocol.encode(message)[8:])
+    assert back["a"][:4] == [1, 2.5, "x", None] and back["dtype"] is torch.bfloat16
+    assert torch.equal(back["a"][4][0], torch.arange(6).view(2, 3))
+    assert back["nested"]["k"].dtype == torch.float16
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+def test_a_message_that_would_run_code_when_read_is_refused():
+    buffer = io.BytesIO()
+    torch.save({"evil": _Payload()}, buffer)
+    with pytest.raises(Exception, match="(?i)weights_only|unsupported|global"):
+        protocol.decode(buffer.getvalue())
+
+
+def test_a_view_travels_with_its_whole_storage_and_layout():
+    base = torch.arange(40, dtype=torch.float32)
+    view = base.as_strided((3, 4), (10, 1), 5)  # rows padded in memory
+    key = protocol.key_of(view)
+    field = protocol.describe_view(view, key)
+    rebuilt = protocol.view_on(protocol.storage_bytes(view).clone(), field)
+    assert torch.equal(rebuilt, view) and rebuilt.stride() == (10, 1)
+    assert rebuilt.storage_offset() == 5
+
+
+# ---------------------------------------------------------------- the tamper check
+
+
+def test_the_snapshot_sees_nothing_after_an_honest_check():
+    import rmsnorm_variants as kernels
+
+    snapshot = tamper.Snapshot.take()
+    check.rmsnorm_forward(kernels.correct, quiet=True)
+    assert snapshot.changes() == []
+
+
+@pytest.mark.parametrize("what, patch", [
+    ("course.check.rmsnorm_forward",
+     lambda m: m.setattr(check, "rmsnorm_forward", lambda *a, **k: None)),
+    ("sys.modules['course.check']",
+     lambda m: m.setitem(sys.modules, "course.check", type(sys)("course.check"))),
+    ("torch.allclose", lambda m: m.setattr(torch, "allclose", lambda *a, **k: True)),
+    ("torch.testing.assert_close",
+     lambda m: m.setattr(torch.testing, "assert_close", lambda *a, **k: None)),
+    ("time.perf_counter", lambda m: m.setattr(time, "perf_counter", lambda: 0.0)),
+    ("torch.cuda.Event.elapsed_time",
+     lambda m: m.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 1.0)),
+    ("builtins.pow", lambda m: m.setattr("builtins.pow", lambda *a: 0)),
+    ("course.check.sandbox.CallRecord.merge_remote",
+     lambda m: m.setattr(sandbox.CallRecord, "merge_remote", lambda *a: None)),
+    ("COURSE_GRADING", lambda m: m.setenv("COURSE_GRADING", "0")),
+])
+def test_the_snapshot_names_what_was_replaced(monkeypatch, what, patch):
+    snapshot = tamper.Snapshot.take()
+    patch(monkeypatch)
+    found = [str(c) for c in snapshot.changes()]
+    assert any(what in c for c in found), found
+
+
+def test_additions_and_plain_settings_are_not_tampering(monkeypatch):
+    snapshot = tamper.Snapshot.take()
+    monkeypatch.setattr(torch, "my_new_helper", lambda: 1, raising=False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    torch.manual_seed(3)
+    assert snapshot.changes() == []
+
+
+# ---------------------------------------------------------------- the learner's process
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    where = tmp_path_factory.mktemp("learner")
+    process = LearnerProcess(cwd=where, env=dict(os.environ, COURSE_GRADING="1"),
+                             log_path=where / "learner.log")
+    process.start()
+    found = Learner(process)
+    found.run_cell(textwrap.dedent('''
+        import os, time, torch
+
+        def scale(x, factor=2.0):
+            return x * factor
+
+        def address(x):
+            return x.data_ptr()
+
+        def writes_in_place(x):
+            x.add_(1)
+            return x.sum()
+
+        def picky(x):
+            raise ValueError("no thank you")
+
+        def spins():
+            while True:
+                time.sleep(0.01)
+
+        class Double(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, dy):
+                return dy * 2
+        '''), "setup")
+    yield found
+    process.close()
+
+
+def test_a_remote_function_returns_values_and_its_torch_ops_reach_the_watch(learner):
+    fn = learner.function("scale")
+    x = torch.arange(4.0)
+    with sandbox.watch() as record:
+        y = fn(x, factor=3.0)
+    assert torch.equal(y, x * 3)
+    assert [u.op for u in record.forbidden_ops] == ["aten.mul.Tensor"]
+    assert not record.launches
+
+
+def test_the_learners_exception_keeps_its_name_and_its_built_in_base(learner):
+    with pytest.raises(ValueError, match="no thank you") as caught:
+        learner.function("picky")(torch.ones(1))
+    assert type(caught.value).__name__ == "ValueError"
+
+
+def test_writes_into_an_argument_come_back_into_it(learner):
+    x = torch.zeros(3)
+    total = learner.function("writes_in_place")(x)
+    assert torch.equal(x, torch.ones(3)) and float(total) == 3.0
+
+
+def test_the_same_tensor_reaches_the_same_buffer_refilled(learner):
+    fn = learner.function("address")
+    x = torch.zeros(8)
+    first = fn(x)
+    x.copy_(torch.arange(8.0))
+    assert fn(x) == first
+    assert fn(torch.zeros(16)) != first
+
+
+def test_a_remote_autograd_function_differentiates(learner):
+    double = learner.autograd_class("Double")
+    x = torch.arange(3.0, requires_grad=True)
+    double.apply(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+
+def test_a_request_past_its_deadline_is_interrupted_and_the_process_carries_on(learner):
+    learner.process.deadline = time.monotonic() + 1.0
+    with pytest.raises(CellTimedOut):
+        learner.function("spins")()
+    learner.process.deadline = None
+    assert torch.equal(learner.function("scale")(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_names_are_described_by_kind(learner):
+    assert learner.describe("scale")["kind"] == "callable"
+    assert learner.describe("Double")["kind"] == "autograd"
+    assert learner.describe("os")["kind"] == "module"
+    assert learner.describe("nothing_here")["kind"] == "missing"
+
+
+def test_a_process_that_exits_is_reported_lost(tmp_path):
+    process = LearnerProcess(cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "log")
+    process.start()
+    learner = Learner(process)
+    with pytest.raises(LearnerLost, match="died"):
+        learner.run_cell("import os\nos._exit(3)", "exit")
+    with pytest.raises(LearnerLost):
+        learner.describe("x")
+
+
+# ---------------------------------------------------------------- verify, end to end
+
+
+def test_free_names_are_the_names_a_cell_reads_without_binding():
+    source = "from course import check\n_x = f(2)\nfor i in range(3):\n    g(i, _x, h)\n"
+    assert free_names(source) == ["f", "range", "g", "h"]
+
+
+def _cell(source: str, grade_id: str | None = None, *, solution: bool = False,
+          points: int | None = None):
+    cell = nbformat.v4.new_code_cell(source)
+    if grade_id is not None:
+        cell.metadata["nbgrader"] = {"grade_id": grade_id, "grade": points is not None,
+                                     "solution": solution, "locked": not solution,
+                                     "schema_version": 3, **({"points": points} if points
+                                                              else {})}
+    return cell
+
+
+def _chapter(add_code: str, mul_code: str):
+    """A source notebook (answers given) of two exercises, and a learner's notebook."""
+    cells = [
+        _cell("import torch\nfrom course import check\nimport course"),
+        _cell(add_code, "ex01_add_code", solution=True),
+        _cell("assert add(2, 3) == 5\nassert torch.equal(add(torch.ones(2), torch.ones(2)), "
+              "torch.full((2,), 2.0))", "ex01_add", points=2),
+        _cell(mul_code, "ex02_mul_code", solution=True),
+        _cell("assert mul(2, 3) == 6\n_g = torch.Generator().manual_seed(7)\n"
+              "_x = torch.randn(4, generator=_g)\nassert torch.equal(mul(_x, 1.0), _x)",
+              "ex02_mul", points=3),
+    ]
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+ADD = "def add(a, b):\n    return a + b\n"
+MUL = "def mul(a, b):\n    return a * b\n"
+
+
+@pytest.fixture(scope="module")
+def source_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("source") / "ch99_small.ipynb"
+    nbformat.write(_chapter(ADD, MUL), path)
+    return path
+
+
+def _verify(tmp_path, source_path, add_code=ADD, mul_code=MUL, timeout=60) -> Verdict:
+    submitted = tmp_path / "submitted.ipynb"
+    nbformat.write(_chapter(add_code, mul_code), submitted)
+    verdict = verify(submitted, source_path, cell_timeout_s=timeout)
+    Verdict.from_json(verdict.to_json())  # it round-trips
+    return verdict
+
+
+def _points(verdict: Verdict) -> dict[str, float]:
+    return {c.grade_id: c.points for c in verdict.cells}
+
+
+@pytest.mark.slow
+def test_a_correct_submission_gets_every_point(tmp_path, source_path):
+    verdict = _verify(tmp_path, source_path)
+    assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 3}, verdict.to_json()
+    assert verdict.tampering == [] and verdict.lost == []
+
+
+@pytest.mark.slow
+def test_a_wrong_answer_loses_its_own_cell_with_the_reason(tmp_path, source_path):
+    verdict = _verify(tmp_path, source_path, mul_code="def mul(a, b):\n    return a + b\n")
+    assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 0}
+    assert verdict.cells[1].reason.startswith("AssertionError")
+
+
+@pytest.mark.slow
+def test_tampering_costs_every_cell_from_where_it_happened(tmp_path, source_path):
+    patch = "\nimport course.check\ncourse.check.rmsnorm_forward = lambda *a, **k: None\n"
+    verdict = _verify(tmp_path, source_path, mul_code=MUL + patch)
+    assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 0}
+    assert verdict.cells[1].status == "tampering"
+    assert "course.check.rmsnorm_forward was replaced" in verdict.cells[1].reason
+    assert verdict.tampering[0]["cell"] == "ex02_mul_code"
+
+
+@pytest.mark.slow
+def test_hiding_every_error_in_the_notebook_changes_nothing(tmp_path, source_path):
+    hide = "\nget_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)\n"
+    verdict = _verify(tmp_path, source_path, add_code="def add(a, b):\n    return 0\n" + hide)
+    assert _points(verdict) == {"ex01_add": 0, "ex02_mul": 3}
+
+
+@pytest.mark.slow
+def test_a_cell_that_kills_its_process_costs_its_own_exercise_only(tmp_path, source_path):
+    verdict = _verify(tmp_path, source_path, add_code="import os\nos._exit(7)\n" + ADD)
+    assert _points(verdict) == {"ex01_add": 0, "ex02_mul": 3}, verdict.to_json()
+    assert any("died" in why for why in verdict.lost)
+
+
+@pytest.mark.slow
+def test_a_function_that_hangs_is_stopped_at_the_time_limit(tmp_path, source_path):
+    hang = "def mul(a, b):\n    while True:\n        pass\n"
+    verdict = _verify(tmp_path, source_path, mul_code=hang, timeout=5)
+    assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 0}
+    assert "CellTimeoutError" in verdict.cells[1].reason
+
+
+@pytest.mark.slow
+def test_a_fixed_seed_in_a_test_cell_cannot_be_predicted(tmp_path, source_path):
+    guess = ("import torch\n_known = torch.randn(4, generator=torch.Generator().manual_seed(7))"
+             "\ndef mul(a, b):\n    return _known if isinstance(a, torch.Tensor) else a * b\n")
+    verdict = _verify(tmp_path, source_path, mul_code=guess)
+    assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 0}
+
+
+def test_course_imports_come_from_the_source_only(source_path):
+    source = nbformat.read(source_path, as_version=4)
+    assert course_imports(source) == "import torch\nfrom course import check\nimport course"
