@@ -52,8 +52,10 @@ release: $(STAMP)
 #   make collect FROM=<folder>    <folder>/<student>/<chapter>/<chapter>.ipynb -> grader/submitted/
 #   make autograde [CHAPTERS=ch01_math,ch04_fused] [STUDENTS=a,b] [FORCE=1] [CELL_TIMEOUT=s]
 #   make feedback [CHAPTERS=...]  HTML per submission in grader/feedback/
-#   make grades                   grader/grades.csv and grader/grades_by_exercise.csv
-.PHONY: collect autograde feedback grades
+#   make override CHAPTER=ch04_fused STUDENT=alice CELL=ex04_fused_correct POINTS=4 REASON="..."
+#                                 the instructor's decision on one test cell (REMOVE=1 drops it)
+#   make grades                   grader/grades.csv, per test cell, verdicts and integrity flags
+.PHONY: collect autograde feedback grades override
 INSTRUCTOR := $(BIN)/python grader/instructor.py
 
 collect: $(STAMP)
@@ -67,6 +69,11 @@ autograde: $(STAMP)
 
 feedback: $(STAMP)
 	$(INSTRUCTOR) feedback $(if $(CHAPTERS),--chapters "$(CHAPTERS)")
+
+override: $(STAMP)
+	$(if $(and $(CHAPTER),$(STUDENT),$(CELL),$(REASON)),,$(error make override needs CHAPTER= STUDENT= CELL= REASON="why" and POINTS= or REMOVE=1))
+	$(INSTRUCTOR) override "$(CHAPTER)" "$(STUDENT)" "$(CELL)" $(POINTS) --reason "$(REASON)" \
+		$(if $(REMOVE),--remove)
 
 grades: $(STAMP)
 	$(INSTRUCTOR) grades
