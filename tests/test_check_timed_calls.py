@@ -74,18 +74,32 @@ def test_an_honest_kernel_passes_and_each_input_set_is_checked_against_its_own_r
     spec = CallSpec(("y",), counted_reference, (torch.float32,))
     result = speed_check(rmsnorm_variants.correct, spec)
     assert result.passed and fake_timer["labels"] == ["rmsnorm test"]
-    # Before timing, each rotating input set after it (at least two), after timing.
+    # Before timing (and again with its inputs refilled in place), each rotating input set
+    # after it (at least two), after timing.
     sets = bench.copies_needed(NBYTES)
-    assert len(references) == 1 + sets + 1
-    assert len({id(x) for x in references}) == len(references)
+    assert len(references) == 2 + sets + 1
+    assert references[1] is references[0]  # the same tensor, refilled in place
+    assert len({id(x) for x in references}) == len(references) - 1
 
 
-def test_a_wrapper_honest_only_on_its_first_call_is_refused(fake_timer):
+def test_a_wrapper_honest_only_on_its_first_call_is_refused_before_timing(fake_timer):
     calls = []
 
     def lazy(x, w, eps=1e-6):
         calls.append(1)
         return rmsnorm_variants.correct(x, w, eps) if len(calls) == 1 else torch.empty_like(x)
+
+    with pytest.raises(AssertionError, match="refilled with new values, your function "
+                                             "returned a wrong answer"):
+        speed_check(lazy)
+
+
+def test_a_wrapper_honest_only_on_the_calls_before_timing_is_refused(fake_timer):
+    calls = []
+
+    def lazy(x, w, eps=1e-6):
+        calls.append(1)
+        return rmsnorm_variants.correct(x, w, eps) if len(calls) <= 2 else torch.empty_like(x)
 
     with pytest.raises(AssertionError, match="output of a timed call is wrong") as failure:
         speed_check(lazy)
@@ -102,7 +116,7 @@ def test_a_wrong_output_anywhere_in_the_kept_window_is_caught(fake_timer, monkey
     def wrong_once(x, w, eps=1e-6):
         calls.append(1)
         y = rmsnorm_variants.correct(x, w, eps)
-        return y * 2 if len(calls) == 1 + 4 else y  # the checked call before timing is 1
+        return y * 2 if len(calls) == 2 + 4 else y  # 2 checked calls before timing
 
     with pytest.raises(AssertionError, match="call 4 of the 6 made while timing"):
         speed_check(wrong_once)
@@ -116,8 +130,22 @@ def test_a_result_computed_for_other_inputs_is_refused(fake_timer):
             first_inputs.append((x.clone(), w.clone()))
         return rmsnorm_variants.correct(*first_inputs[0], eps)  # fresh memory every call
 
-    with pytest.raises(AssertionError, match="output of a timed call is wrong.*input set"):
+    with pytest.raises(AssertionError, match="returned the answer for their old values"):
         speed_check(answers_its_first_question)
+
+
+def test_a_result_cached_by_the_inputs_address_is_refused_at_the_timing_shape(fake_timer):
+    cache = {}
+
+    def by_address(x, w, eps=1e-6):
+        key = (x.data_ptr(), w.data_ptr(), tuple(x.shape))
+        if key not in cache:
+            cache[key] = rmsnorm_variants.correct(x, w, eps)
+        return cache[key]
+
+    with pytest.raises(AssertionError, match="the answer for their old values: a result "
+                                             "cached by the input's address"):
+        speed_check(by_address)
 
 
 def test_a_buffer_returned_again_by_later_calls_is_refused(fake_timer):

@@ -16,7 +16,7 @@ import sys
 import textwrap
 import time
 
-import course  # noqa: F401  (picks the mode before triton is imported)
+import course  # picks the mode before triton is imported
 from course import check
 from course.check import sandbox
 from course.verify import protocol, tamper
@@ -325,3 +325,145 @@ def test_a_fixed_seed_in_a_test_cell_cannot_be_predicted(tmp_path, source_path):
 def test_course_imports_come_from_the_source_only(source_path):
     source = nbformat.read(source_path, as_version=4)
     assert course_imports(source) == "import torch\nfrom course import check\nimport course"
+
+
+# ---------------------------------------------------------------- timing by replay
+
+# A wrapper as learners write them: a kernel calling a helper kernel, a global constexpr,
+# a workspace it zeroes, a launch option, a grid given as a function of the launch's
+# arguments. (Interpreter mode here: the replay runs the kernel's body in this process,
+# which the verifier never does; on a GPU the replay compiles it.)
+REPLAYED = '''
+import torch
+import triton
+import triton.language as tl
+
+SCALE = tl.constexpr(2.0)
+
+
+@triton.jit
+def _twice(v):
+    return v * SCALE
+
+
+@triton.jit
+def scaled_sum_kernel(x_ptr, y_ptr, total_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    y = _twice(tl.load(x_ptr + offs, mask=mask, other=0.0))
+    tl.store(y_ptr + offs, y, mask=mask)
+    tl.atomic_add(total_ptr, tl.sum(y, axis=0))
+
+
+def scaled_sum(x):
+    y = torch.empty_like(x)
+    total = torch.zeros(1, dtype=torch.float32, device=x.device)
+    grid = lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)  # noqa: E731
+    scaled_sum_kernel[grid](x, y, total, x.numel(), BLOCK=64, num_warps=2)
+    return y, total
+'''
+
+
+def test_a_traced_call_replays_here_on_new_inputs(learner):
+    from course.verify.replay import Replay
+
+    learner.run_cell(REPLAYED, "replayed")
+    fn = learner.function("scaled_sum")
+    replay = fn.replayed((torch.randn(300, device=course.DEVICE),))
+    assert isinstance(replay, Replay)
+    x = torch.randn(300, device=course.DEVICE)
+    y, total = replay(x)
+    assert torch.allclose(y, 2 * x) and torch.allclose(total, (2 * x).sum(), atol=1e-4)
+
+
+def test_a_call_that_launches_nothing_has_nothing_to_replay(learner):
+    from course.verify.replay import NotReplayable
+
+    with pytest.raises(NotReplayable, match="launched no kernel"):
+        learner.function("scale").replayed((torch.ones(4),))
+
+
+def test_a_speed_check_times_the_replay_not_the_learners_process(learner):
+    from course.check.bandwidth import timed_here
+
+    learner.run_cell(REPLAYED, "replayed")
+    fn = learner.function("scaled_sum")
+    here = timed_here("scaled_sum", fn, lambda: (torch.randn(128, device=course.DEVICE),))
+    assert not isinstance(here, type(fn))
+    assert timed_here("plain", len, lambda: ()) is len
+
+
+ADDRESS_CACHE = '''
+_by_address = {}
+
+
+def cached_by_address(x, w, eps=1e-6):
+    key = (x.data_ptr(), w.data_ptr(), tuple(x.shape))
+    if key not in _by_address:
+        _by_address[key] = correct(x, w, eps)
+    return _by_address[key]
+'''
+
+
+@pytest.fixture
+def variants(learner):
+    from pathlib import Path
+
+    learner.run_cell((Path(__file__).parent / "rmsnorm_variants.py").read_text(), "variants")
+    learner.run_cell(ADDRESS_CACHE, "address cache")
+    return learner
+
+
+@pytest.fixture
+def fake_timer(monkeypatch):
+    """bench.measure runs the real rotation of calls, and reports 90 % of a pretend copy
+    bandwidth (there is no GPU clock here)."""
+    from course import bench, hardware
+
+    timed: list = []
+
+    def measure(label, fn, make_args, nbytes, *, reps=100, warmup=10, hide_launch=False):
+        timed.append(label)
+        bench.time_rotating(fn, make_args, nbytes, warmup=2, reps=reps)
+        return bench.Measurement(label, nbytes / (0.9 * 2e12), nbytes, 2e12)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(hardware, "copy_bandwidth", lambda nbytes=None: 2e12)
+    return timed
+
+
+def _speed_check(fn):
+    from course import reference
+    from course.check.bandwidth import CallSpec, timed_bandwidth_check
+
+    spec = CallSpec(("y",), lambda x, w: reference.rmsnorm(x, w, eps=1e-6), (torch.float32,))
+
+    def make_args():
+        return (torch.randn(64, 256, device=course.DEVICE),
+                torch.rand(256, device=course.DEVICE) + 0.5)
+
+    return timed_bandwidth_check("remote", fn, make_args, 10**6, spec, target=0.75, reps=4)
+
+
+def test_a_speed_check_of_a_learners_function_times_its_replay_here(variants, fake_timer,
+                                                                      monkeypatch):
+    requests = []
+    ask = variants.process.request
+    monkeypatch.setattr(variants.process, "request",
+                        lambda message: requests.append(message.get("op")) or ask(message))
+    in_timing = []
+    from course import bench
+
+    measure = bench.measure
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: (
+        in_timing.append(len(requests)), measure(*a, **k), in_timing.append(len(requests)))[1])
+    result = _speed_check(variants.function("correct"))
+    assert result.passed and fake_timer == ["remote"]
+    assert in_timing[0] == in_timing[1], "the learner's process was asked while timing"
+    # before: a watched call, the same tensors refilled; the traced call; after: one call
+    assert requests == ["call"] * 4
+
+
+def test_a_learners_address_cache_is_refused_at_the_timing_shape(variants, fake_timer):
+    with pytest.raises(AssertionError, match="cached by the input's address"):
+        _speed_check(variants.function("cached_by_address"))

@@ -140,12 +140,16 @@ _WHEN = {
 
 
 def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], spec: CallSpec,
-                       *, when: str = "before") -> None:
+                       *, when: str = "before",
+                       refill: Callable[[], Sequence[Any]] | None = None) -> None:
     """Call `fn(*args)` once inside `sandbox.watch()` and hold it to the correctness checks'
     rules: at most `spec.max_launches` Triton launches and at least one, no PyTorch compute
     ops, its inputs unchanged, and outputs that match the reference. Raise AssertionError
     otherwise (a wrapper that switches to PyTorch, or to more launches, on large inputs is
-    refused here). `when` ("before" or "after" timing) only changes the message."""
+    refused here). `when` ("before" or "after" timing) only changes the message. With
+    `refill` (it makes new arguments), the same argument tensors are then refilled in place
+    with new values and the function called on them again: a result cached by the inputs'
+    addresses is refused at the timing shape too."""
     if when not in _WHEN:
         raise ValueError(f"when must be 'before' or 'after', not {when!r}")
     args = tuple(args)
@@ -168,6 +172,37 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
     if wrong:
         raise AssertionError(f"{label}: wrong output at the timing shape ({where}), "
                              f"{verdict}\n" + "\n".join(wrong))
+    if refill is not None:
+        _check_refilled_call(label, fn, args, spec, refill, got)
+
+
+def _check_refilled_call(label: str, fn: Callable[..., Any], args: tuple, spec: CallSpec,
+                         refill: Callable[[], Sequence[Any]], earlier: Any) -> None:
+    """The same argument tensors refilled in place with new values, and `fn` called on
+    them again: it must return the answer for the new values."""
+    old = [e.detach().clone() if isinstance(e, torch.Tensor) else e
+           for e in (earlier if isinstance(earlier, (tuple, list)) else (earlier,))]
+    for arg, new in zip(args, refill(), strict=True):
+        if isinstance(arg, torch.Tensor) and isinstance(new, torch.Tensor) and \
+                arg.shape == new.shape and arg.dtype == new.dtype:
+            arg.copy_(new)
+    runtime.synchronize()
+    got = fn(*args)
+    runtime.synchronize()
+    wrong = spec.problems(got, *spec.expected(args))
+    if not wrong:
+        return
+    outs = got if isinstance(got, (tuple, list)) else (got,)
+    stale = any(isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor)
+                and o.shape == e.shape and bool(torch.equal(o, e))
+                for o, e in zip(outs, old, strict=False))
+    raise AssertionError(
+        f"{label}: called again at the timing shape with the same input tensors refilled "
+        "with new values, your function returned "
+        + ("the answer for their old values: a result cached by the input's address. "
+           "Keep no results between calls, under any key." if stale else
+           "a wrong answer, so its time would not be the time of a right one.")
+        + "\n" + "\n".join(wrong))
 
 
 class TimedOutputs:
@@ -273,11 +308,31 @@ def refuse_impossible_speed(label: str, measurement: bench.Measurement) -> None:
             "call launch your kernel over the whole input?")
 
 
+def timed_here(label: str, fn: Callable[..., Any],
+               make_args: Callable[[], Sequence[Any]]) -> Callable[..., Any]:
+    """What a speed check times: `fn`, or, for a function that runs in the learner's
+    process (course.verify), its GPU work replayed in this one, so that nothing the
+    learner's code does can reach the timer (course.verify.replay)."""
+    replayed = getattr(fn, "replayed", None)
+    if replayed is None:
+        return fn
+    from course.verify.replay import NotReplayable
+
+    try:
+        return replayed(tuple(make_args()))
+    except NotReplayable as why:
+        raise AssertionError(
+            f"{label}: your function's work cannot be timed apart from your code: {why}. The "
+            "grader times the kernels your wrapper launches, with the allocations, fills and "
+            "copies around them, repeated in a process of its own.") from None
+
+
 def measure_checked(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
                     nbytes: int, spec: CallSpec, *, reps: int = 50) -> bench.Measurement:
     """`bench.measure` of `fn` on rotating inputs (GPU time only), then every output kept
     from the timed calls checked against the reference for its inputs, and a time faster
     than a copy of the bytes refused. Raise AssertionError on either."""
+    fn = timed_here(label, fn, make_args)
     log = TimedOutputs()
     # GPU time only (hide_launch): the grading machine's Python speed is not the
     # learner's kernel. Under nbgrader one call's host time was measured at 71 us on an
@@ -336,7 +391,7 @@ def timed_bandwidth_check(label: str, fn: Callable[..., Any],
     # A warning on stderr would cost the whole cell its points under nbgrader: collected,
     # and shown on stdout instead.
     with sandbox.collect_warnings() as warned:
-        check_watched_call(label, fn, make_args(), spec, when="before")
+        check_watched_call(label, fn, make_args(), spec, when="before", refill=make_args)
         attempts = []
         for _ in range(max(1, retries)):
             attempts.append(measure_checked(label, fn, make_args, nbytes, spec, reps=reps))

@@ -191,6 +191,7 @@ def compare_with_compiled(fn: Callable, compiled: Callable, shapes: Sequence[tup
                 best = timing
             if timing.passed:
                 break
-        check_watched_call(f"rmsnorm {label}", fn, make_args(), spec, when="after")
+        check_watched_call(f"rmsnorm {label}", fn, make_args(), spec, when="after",
+                           refill=make_args)
         rows.append(replace(best, attempts=attempt))  # the best attempt, and how many ran
     return CompileComparison(dtype, tuple(rows))

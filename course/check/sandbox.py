@@ -191,6 +191,9 @@ class CallRecord:
     allocations: list[PoisonedAllocation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # "Category: message (place)"
     track_changes: bool = True
+    # Notified of the call's allocations, fills, copies and launches, so that the call can
+    # be repeated elsewhere (course.verify.replay.Tracer), when set.
+    tracer: object | None = None
     _atomic_ran: bool = False
     # Per thread: a launch in one thread must not pause interception in another.
     _thread: threading.local = field(default_factory=threading.local, repr=False)
@@ -345,11 +348,22 @@ class _Interceptor(TorchDispatchMode):
         packet = func.overloadpacket
         if packet in _ALLOCATIONS:
             return self._poisoned(func(*args, **kwargs))
-        if func.is_view or packet in _METADATA or packet in _FILLS:
+        if func.is_view or packet in _METADATA:
             return func(*args, **kwargs)
+        if packet in _FILLS:
+            result = func(*args, **kwargs)
+            if record.tracer is not None:
+                _trace_fill(record.tracer, packet, args, kwargs, result)
+            return result
         if packet in _COPIES:
             record.copies.append(OpUse(str(func), _learner_site()))
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            if record.tracer is not None:
+                if packet is not torch.ops.aten.copy_:
+                    record.tracer.allocated(result)
+                record.tracer.copied(result if packet is not torch.ops.aten.copy_ else args[0],
+                                     args[1] if packet is torch.ops.aten.copy_ else args[0])
+            return result
         record.forbidden_ops.append(OpUse(str(func), _learner_site(),
                                           _compute_dtype(args, kwargs)))
         return func(*args, **kwargs)
@@ -366,7 +380,33 @@ class _Interceptor(TorchDispatchMode):
         view = buffer.as_strided(plain.shape, plain.stride(), margin)
         self.record.allocations.append(
             PoisonedAllocation(buffer, margin, span, tuple(plain.shape)))
+        if self.record.tracer is not None:
+            self.record.tracer.allocated(view)
         return view
+
+
+# What each fill op writes: the value, or where in its arguments to find it.
+_FILL_VALUES = {torch.ops.aten.zeros: 0, torch.ops.aten.zeros_like: 0, torch.ops.aten.zero_: 0,
+                torch.ops.aten.new_zeros: 0, torch.ops.aten.ones: 1, torch.ops.aten.ones_like: 1,
+                torch.ops.aten.new_ones: 1}
+_FILL_ARGUMENT = {torch.ops.aten.full: 1, torch.ops.aten.full_like: 1,
+                  torch.ops.aten.new_full: 2, torch.ops.aten.fill_: 1}
+
+
+def _trace_fill(tracer, packet, args: tuple, kwargs: dict, result: torch.Tensor) -> None:
+    if packet in _FILL_VALUES:
+        value = _FILL_VALUES[packet]
+    elif packet in _FILL_ARGUMENT:
+        at = _FILL_ARGUMENT[packet]
+        value = args[at] if len(args) > at else kwargs.get("fill_value", kwargs.get("value"))
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+    else:
+        tracer.refuse(f"{packet} cannot be repeated")
+        return
+    if packet not in (torch.ops.aten.zero_, torch.ops.aten.fill_):
+        tracer.allocated(result)
+    tracer.filled(result, value)
 
 
 def _kernel_name(kernel: object) -> str:
@@ -441,6 +481,8 @@ def _watched_launch_step(original, record: CallRecord):
             finally:
                 record._in_launch -= 1
         name = _kernel_name(self)
+        if record.tracer is not None:
+            record.tracer.launched(self, args, kwargs, grid)
         module = _course_module(self)
         if module is not None:
             refusal = course_kernel_message(name, module)
@@ -591,11 +633,12 @@ def collect_warnings() -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def watch(track_changes: bool = True) -> Iterator[CallRecord]:
+def watch(track_changes: bool = True, tracer: object | None = None) -> Iterator[CallRecord]:
     """Run the body with launches counted, torch ops intercepted, allocations poisoned,
     warnings collected and, if `track_changes`, what each launch changed recorded (a copy
-    of every tensor argument before each launch: meant for small correctness shapes)."""
-    record = CallRecord(track_changes=track_changes)
+    of every tensor argument before each launch: meant for small correctness shapes).
+    `tracer` is told of every allocation, fill, copy and launch (see CallRecord.tracer)."""
+    record = CallRecord(track_changes=track_changes, tracer=tracer)
     with collect_warnings() as record.warnings, _count_launches(record), \
             _watch_interpreter_atomics(record), _Interceptor(record):
         _ACTIVE.append(record)

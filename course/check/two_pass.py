@@ -133,7 +133,7 @@ def rmsnorm_two_pass_bandwidth(fn: Callable, *, shape: tuple[int, int] = (16384,
     ideal = traffic.fused_rmsnorm(m, n, dtype)
     model = traffic.two_pass_rmsnorm(m, n, dtype)
     measurement = measure_checked(label, fn, make_args, ideal.bytes, spec, reps=reps)
-    check_watched_call(label, fn, make_args(), spec, when="after")
+    check_watched_call(label, fn, make_args(), spec, when="after", refill=make_args)
     result = ModelComparison(measurement, model, model.time_floor(hardware.copy_bandwidth()))
     if not quiet:
         print(result)

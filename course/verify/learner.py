@@ -9,8 +9,9 @@ answers one request at a time:
 
     run_cell  {source, label}                 one of the notebook's cells, in an IPython shell
     describe  {name}                          what the notebook binds to `name`
-    call      {name, args, kwargs, storages, guards}
+    call      {name, args, kwargs, storages, guards, trace}
                                               one call of a function of the notebook, watched
+                                              (and traced, for the verifier to replay)
     forward   {name, args, storages, guards}  `apply` of an autograd.Function, watched
     backward  {token, args, storages}         backward of an earlier forward (args: the
                                               gradients of its outputs), watched
@@ -40,7 +41,7 @@ from course.check import guards, sandbox
 from course.check.roofline import _traffic_calls
 from course.check.runner import explain_error
 from course.check.torch_reference import _RefuseBuiltInRMSNorm
-from course.verify import protocol, tamper
+from course.verify import protocol, replay, tamper
 
 import torch
 
@@ -235,6 +236,10 @@ class Server:
         first_handle = next(self.handles)
         record, result, error = None, None, None
         sinks: dict[str, list] = {}
+        tracer = None
+        if message.get("trace"):  # the verifier will replay this call's GPU work
+            tracer = replay.Tracer({self.storages[key].untyped_storage().data_ptr(): key
+                                    for key in message.get("storages", {})})
         try:
             with contextlib.ExitStack() as stack:
                 for name in message.get("guards", []):
@@ -243,7 +248,7 @@ class Server:
                     elif name == guards.TRAFFIC_CALLS:
                         sinks[name] = stack.enter_context(_traffic_calls())
                 record = stack.enter_context(sandbox.watch(
-                    track_changes=message.get("track_changes", True)))
+                    track_changes=message.get("track_changes", True), tracer=tracer))
                 result = body()
             runtime.synchronize()  # a GPU fault surfaces here, inside the try
         except BaseException as exc:  # the learner's code (its exit() too): reported
@@ -255,6 +260,8 @@ class Server:
                                     for key in message.get("storages", {})
                                     if key in self.storages},
                  "changed_outputs": self._changed_outputs(first_handle)}
+        if tracer is not None and error is None:
+            reply["trace"] = tracer.finish(result)
         return reply, result
 
     # ------------------------------------------------------------ calls

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from course.check import guards, sandbox
 from course.verify import protocol
+from course.verify.replay import Replay
 
 import torch
 
@@ -280,10 +281,10 @@ class Learner:
         records = sandbox.active_records()
         with _paused(records):
             packer = _Packer()
-            message = dict(message, args=[packer.pack(a) for a in args],
+            message = dict({"track_changes": all(r.track_changes for r in records)},
+                           **message, args=[packer.pack(a) for a in args],
                            kwargs={k: packer.pack(v) for k, v in (kwargs or {}).items()},
-                           guards=[name for name, _ in guards.active()],
-                           track_changes=all(r.track_changes for r in records), **packer.fields())
+                           guards=[name for name, _ in guards.active()], **packer.fields())
             reply = self.process.request(message)
             if reply.get("record") is not None:
                 for record in records:
@@ -313,6 +314,16 @@ class RemoteFunction:
 
     def __call__(self, *args: object, **kwargs: object) -> object:
         return self.learner.ask({"op": "call", "name": self.name}, args, kwargs)[1]
+
+    def replayed(self, args: tuple) -> Replay:
+        """The GPU work of one call on `args`, traced in the learner's process and compiled
+        here from the kernels' source, to be timed in this process (course.verify.replay):
+        called with new arguments of the same layout, it does that work again."""
+        reply, _ = self.learner.ask({"op": "call", "name": self.name, "trace": True,
+                                     "track_changes": False}, tuple(args))
+        keys = [protocol.key_of(a).text() if isinstance(a, torch.Tensor) else None
+                for a in args]
+        return Replay(reply["trace"], keys)
 
     def __repr__(self) -> str:
         return f"<the learner's {self.name}, in its own process>"

@@ -21,10 +21,12 @@ and the comparisons are all made here. The points a test cell earns are decided 
 - seeds fixed in a test cell's source are mixed with a secret drawn for this run, so that
   a submission cannot know its inputs in advance.
 
-What still runs beside the learner's code: the watch of each call (launch counting,
-PyTorch ops, poisoned allocations, what each launch changed), and, on a GPU, the timing of
-the cells that measure speed, which run in the learner's process as they do in the
-notebook. The tamper check guards those; `grader/README.md` says what that leaves open.
+A cell that measures speed times the learner's kernels here too: one call at the timing
+shape is traced in the learner's process and its GPU work replayed here, compiled from the
+kernels' source (`course.verify.replay`), on inputs made here, every timed output checked.
+What still runs beside the learner's code is the watch of each call (launch counting,
+PyTorch ops, poisoned allocations, what each launch changed), guarded by the tamper check;
+`grader/README.md` says what that leaves open.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from course import runtime
-from course.grade import prepare, read_notebook, speed_cells, temporary_environment
+from course.grade import prepare, read_notebook, temporary_environment
 from course.verify.proxy import (
     CellTimedOut,
     Learner,
@@ -70,7 +72,6 @@ class CellVerdict:
     status: str = "not run"   # passed, failed, tampering, timeout, lost, not run
     reason: str = ""
     output: str = ""
-    where: str = "verifier"   # verifier, or "learner's process" for timed cells on a GPU
 
 
 @dataclass
@@ -193,7 +194,6 @@ class _Run:
         self.nb, self.source_nb = nb, source_nb
         self.cell_timeout_s = cell_timeout_s
         self.workdir, self.env, self.verdict = workdir, env, verdict
-        self.timed = set(speed_cells(source_nb))
         self.learner: Learner | None = None
         self.killers: set[int] = set()  # cells that killed the learner's process
         self.restarts = 0
@@ -295,10 +295,7 @@ class _Run:
             self._score(label, "tampering", self.tamper_reason)
             return
         self._deadline()
-        if label in self.timed and runtime.on_gpu():
-            self._timed_cell(index, cell, label)
-        else:
-            self._checked_cell(index, cell, label)
+        self._checked_cell(index, cell, label)
         self._note_tampering(index, label)
         if self.tampered_from is not None and self.by_id[label].status == "passed":
             self._score(label, "tampering", self.tamper_reason)
@@ -342,16 +339,6 @@ class _Run:
             self._score(label, "failed", f"{type(exc).__name__}: {exc}", output.getvalue())
         else:
             self._score(label, "passed", "", output.getvalue())
-
-    def _timed_cell(self, index: int, cell, label: str) -> None:
-        """A cell that measures speed on a GPU runs in the learner's process, where the
-        kernels run; the tamper check before and after it decides whether it counts."""
-        reply = self.learner.run_cell(cell.source, label)
-        self.by_id[label].where = "learner's process"
-        if reply.get("error"):
-            self._score(label, "failed", _error_text(reply["error"]))
-        else:
-            self._score(label, "passed", "")
 
     def _score(self, label: str, status: str, reason: str, output: str = "") -> None:
         cell = self.by_id[label]
