@@ -490,6 +490,7 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
     if cell_timeout_s is not None:
         env["GRADER_CELL_TIMEOUT_S"] = str(cell_timeout_s)
     register_chapters(course)
+    stamp = code_stamp(course)
     runs = []
     for chapter, names in todo.items():
         say(f"{chapter}: autograding {len(names)} submission(s) ...")
@@ -525,10 +526,12 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
             _zero_grades(course, chapter, student)
         # nbgrader's scores are replaced by verified ones, for every submission it tried:
         # the verifier also grades the exercises before a cell that stopped nbgrader.
+        check_code_stamp(course, stamp, f"nbgrader autograde {chapter}")
         verdicts = {student: current_verdict(course, chapter, student) for student in names}
         stale = [student for student in names if force or verdicts[student] is None]
         verdicts.update(verify(course, chapter, stale,
                                cell_timeout_s or configured_timeout(course)))
+        check_code_stamp(course, stamp, f"the verification of {chapter}")
         for student in stale:
             annotate(course, chapter, student, verdicts[student])
         apply_verdicts(course, [chapter])
@@ -614,6 +617,35 @@ def current_verdict(course: Course, chapter: str, student: str) -> dict | None:
         return verdict
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def code_stamp(course: Course) -> dict[str, str]:
+    """A hash of every file of the grading's own code: the installed `course` package (the
+    checkers, the verifier), solutions/ (the test cells, the reference kernels) and grader/'s
+    Python. The learner's code runs as the user who grades: a submission that rewrote one
+    of these would change how later submissions are graded."""
+    spec = importlib.util.find_spec("course")
+    folders = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    folders.append(course.root / "solutions")
+    files = sorted({f for folder in folders for f in folder.rglob("*")
+                    if f.is_file() and "__pycache__" not in f.parts
+                    and ".ipynb_checkpoints" not in f.parts})
+    files += sorted(course.grader_dir.glob("*.py"))
+    return {str(f): _sha256(f) for f in files}
+
+
+def check_code_stamp(course: Course, before: dict[str, str], after_what: str) -> None:
+    now = code_stamp(course)
+    changed = sorted(f for f in set(before) | set(now) if before.get(f) != now.get(f))
+    if changed:
+        raise GraderError(
+            f"the grading's own code changed while {after_what} ran: "
+            + ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5
+                                        else "")
+            + ". A submission may have written them (its code runs as the user who grades). "
+            "Restore the checkout (git checkout, reinstall), then grade in a container or as "
+            "a user who cannot write the code (grader/README.md); the grades written so far "
+            "are not to be trusted.")
 
 
 def _verify_timeout(course: Course, chapter: str, cell_timeout_s: int) -> float:

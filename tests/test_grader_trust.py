@@ -183,3 +183,25 @@ def test_a_submission_without_a_verdict_is_exported_as_0(graded):
         path.write_text(kept)
     assert graded.export()[0]["honest"] == 6.0
     assert json.loads(kept)["sha256"]  # it is the collected notebook's verdict
+
+
+def test_grading_stops_when_its_own_code_changes_under_it(tmp_path):
+    """A submission runs as the user who grades, and could rewrite the checkers or the
+    test cells for the students after it: autograde stops and says so."""
+    import importlib.util
+    import sys
+
+    root = copy_course(ROOT, tmp_path / "course", (CHAPTER,))
+    spec = importlib.util.spec_from_file_location("instructor_stamp_under_test",
+                                                  root / "grader" / "instructor.py")
+    instructor = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = instructor  # dataclasses look their module up while it loads
+    spec.loader.exec_module(instructor)
+    course = instructor.Course.at(root)
+    before = instructor.code_stamp(course)
+    assert any(name.endswith("course/check/runner.py") for name in before)
+    instructor.check_code_stamp(course, before, "nothing")  # unchanged: no error
+    source = root / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
+    source.write_text(source.read_text().replace("check.rmsnorm_forward(rmsnorm)", "pass"))
+    with pytest.raises(instructor.GraderError, match=f"changed while the test ran: .*{CHAPTER}"):
+        instructor.check_code_stamp(course, before, "the test")

@@ -467,3 +467,22 @@ def test_a_speed_check_of_a_learners_function_times_its_replay_here(variants, fa
 def test_a_learners_address_cache_is_refused_at_the_timing_shape(variants, fake_timer):
     with pytest.raises(AssertionError, match="cached by the input's address"):
         _speed_check(variants.function("cached_by_address"))
+
+
+def test_a_trace_naming_a_reference_kernel_is_not_replayed():
+    """The learner's process reports the kernels a call launched: one that is the course's
+    own is refused by the verifier itself, whatever the learner's process let through."""
+    import inspect as _inspect
+
+    from course.verify.replay import NotReplayable, Replay
+
+    from solutions.kernels import column_sums
+
+    source = _inspect.getsource(column_sums.column_sums_kernel.fn)
+    bundle = {"name": "column_sums_kernel", "source": source.replace("@triton.jit\n", ""),
+              "globals": {}, "options": {}}
+    trace = {"steps": [{"op": "launch", "kernel": "k", "grid": (1,), "args": {},
+                        "options": {}}], "kernels": {"k": bundle}, "outputs": {"plain": None},
+             "refused": None}
+    with pytest.raises(NotReplayable, match="a copy of `solutions.kernels.column_sums"):
+        Replay(trace, [])

@@ -404,4 +404,5 @@ def timed_bandwidth_check(label: str, fn: Callable[..., Any],
     if not result.passed:
         raise AssertionError(f"{result}.\nIdeal bytes counted: {nbytes / 1e6:.1f} MB per call "
                              f"(each input read once, each output written once). {advice}")
+    print(result)  # one line: the speed it reached, and the target
     return result

@@ -31,6 +31,7 @@ import textwrap
 import types
 from dataclasses import dataclass, field
 
+from course import kernel_records
 from course.verify import protocol
 
 import torch
@@ -175,6 +176,11 @@ def rebuild_kernels(bundles: dict[str, dict]) -> dict[str, object]:
         if name in built:
             return built[name]
         bundle = bundles[name]
+        copy = kernel_records.shipped_fingerprints().get(
+            kernel_records.fingerprint(bundle["source"]) or "")
+        if copy is not None:  # a trace that names a reference kernel is refused here too
+            raise NotReplayable(f"kernel {bundle['name']} is a copy of `{copy}`, a kernel "
+                                "the course ships")
         # Triton's interpreter looks for triton.language among a kernel's globals.
         namespace: dict = {"__name__": f"course_replay_{abs(hash(name))}",
                            "_triton_language": importlib.import_module("triton.language")}
