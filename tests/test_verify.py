@@ -300,6 +300,18 @@ def test_hiding_every_error_in_the_notebook_changes_nothing(tmp_path, source_pat
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("add_code, reason", [
+    ("def add(a, b):\n    return a +\n", "name 'add' is not defined"),       # a syntax error
+    ("def plus(a, b):\n    return a + b\n", "name 'add' is not defined"),    # a wrong name
+])
+def test_a_cell_that_defines_nothing_costs_its_own_exercise_only(tmp_path, source_path,
+                                                                   add_code, reason):
+    verdict = _verify(tmp_path, source_path, add_code=add_code)
+    assert _points(verdict) == {"ex01_add": 0, "ex02_mul": 3}
+    assert reason in verdict.cells[0].reason
+
+
+@pytest.mark.slow
 def test_a_cell_that_kills_its_process_costs_its_own_exercise_only(tmp_path, source_path):
     verdict = _verify(tmp_path, source_path, add_code="import os\nos._exit(7)\n" + ADD)
     assert _points(verdict) == {"ex01_add": 0, "ex02_mul": 3}, verdict.to_json()
