@@ -32,6 +32,7 @@ PyTorch ops, poisoned allocations, what each launch changed), guarded by the tam
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import hashlib
 import importlib
@@ -303,8 +304,7 @@ class _Run:
     def _bind(self, source: str) -> None:
         """Stand-ins here for the names the test cell reads from the learner's notebook."""
         for name in free_names(source):
-            if name in self.namespace or hasattr(__builtins__, name) or (
-                    isinstance(__builtins__, dict) and name in __builtins__):
+            if name in self.namespace or hasattr(builtins, name):
                 continue
             found = self.learner.describe(name)
             kind = found["kind"]
