@@ -11,7 +11,16 @@ by grade id, and the scoring is nbgrader's own (`nbgrader.utils.determine_grade`
     print(report.table())
 
 It needs a checkout of the course: solutions/ (the source notebooks) and
-grader/nbgrader_config.py (the per-cell time limit and its message).
+grader/nbgrader_config.py (the per-cell time limit and its message, and how the notebook's
+kernel is started).
+
+What the learner reads is the part nbgrader has no view on. Each failed cell's whole
+message is printed under the table (a screenful of it; `--verbose` prints all), and a
+speed cell that cannot measure without a GPU (it raises `NeedsGPU`) is listed as "needs a
+GPU", its points shown apart from the ones graded here: a correct chapter graded on a
+laptop reads "6 / 6 correctness points; 4 bandwidth points need a GPU", not "6 / 10".
+The points themselves stay nbgrader's (`GradeReport.points` counts such a cell as 0, as an
+autograder without a GPU does).
 
 Before running anything it also scans the code the learner controls for what a solution
 should not need (patching the checker, swapping modules, threads, NumPy, ...):
@@ -38,6 +47,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader import utils as nbgrader_utils
+from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
 # The checkout that holds the installed `course` package (an editable install, `make lab`).
@@ -47,6 +57,15 @@ CHAPTER_FOLDER_GLOB = "ch[0-9][0-9]_*"
 # A test cell that measures speed: it fails with "needs a GPU" when graded without one.
 SPEED_GRADE_ID = re.compile(r"ex\d{2}_\w*_bandwidth")
 SPEED_CHECK_CALL = re.compile(r"\bcheck\.(\w+_bandwidth|beats_torch_compile)\(")
+# What a speed check raises without a GPU (course.hardware.NeedsGPU), and the status of a
+# test cell that raised it: its points cannot be earned on this machine, nor lost.
+NEEDS_GPU_ERROR = "NeedsGPU"
+NEEDS_GPU = "needs a GPU"
+# What a checker raises when it rejects a solution, and the time limit's error: their
+# message says everything. Any other error's traceback shows where it came from.
+_MESSAGE_ERRORS = ("AssertionError", NEEDS_GPU_ERROR, "CellTimeoutError")
+# The lines of one failed cell's message that `course grade` prints without --verbose.
+SCREEN_LINES = 40
 
 
 def grading_env() -> dict[str, str]:
@@ -69,12 +88,37 @@ class CellScore:
     grade_id: str
     max_points: float
     points: float | None      # None: graded by hand (a written answer), not by running it
-    status: str               # passed, failed, partial, missing, not run, by hand
+    status: str               # passed, failed, partial, missing, not run, by hand, needs a GPU
     failure: str = ""         # first line of what went wrong
+    message: str = ""         # all of it: the checker's whole message, the stderr text
+    traceback: str = ""       # where an unexpected error came from (not for checker failures)
 
     @property
     def lost(self) -> bool:
-        return self.points is not None and self.points < self.max_points
+        """Points this machine graded and the cell did not earn; a cell that needs a GPU
+        lost nothing here."""
+        return (self.points is not None and self.points < self.max_points
+                and self.status != NEEDS_GPU)
+
+    def details(self, *, verbose: bool = False) -> list[str]:
+        """The lines printed under the table for a cell that lost points: its whole message
+        (the first SCREEN_LINES lines unless `verbose`, which adds the traceback of an
+        unexpected error). Empty when the table's one line already said it all."""
+        text = self.traceback if verbose and self.traceback else self.message
+        lines = text.rstrip().splitlines()
+        if not lines or (len(lines) == 1 and lines[0].strip() == self.failure
+                         and not (verbose and self.traceback)):
+            return []
+        more = 0 if verbose else max(0, len(lines) - SCREEN_LINES)
+        shown = lines[:len(lines) - more]
+        earned = "-" if self.points is None else f"{self.points:g}"
+        out = [f"{self.grade_id} ({earned} / {self.max_points:g}, {self.status}):"]
+        out += [f"    {line}".rstrip() for line in shown]
+        if more:
+            out.append(f"    [{more} more line(s): `course grade --verbose` prints them all]")
+        elif self.traceback and not verbose:
+            out.append("    [`course grade --verbose` adds where the error came from]")
+        return out
 
 
 @dataclass
@@ -91,6 +135,7 @@ class GradeReport:
 
     @property
     def points(self) -> float:
+        """nbgrader's total: a cell that needs a GPU counts 0, as without one it scores."""
         return sum(s.points or 0.0 for s in self.scores)
 
     @property
@@ -101,7 +146,48 @@ class GradeReport:
     def full_marks(self) -> bool:
         return self.aborted is None and all(s.points == s.max_points for s in self.scores)
 
-    def table(self) -> str:
+    @property
+    def needs_gpu(self) -> list[CellScore]:
+        """The cells that could not be graded here: they measure speed, and there is no GPU."""
+        return [s for s in self.scores if s.status == NEEDS_GPU]
+
+    @property
+    def graded_here(self) -> list[CellScore]:
+        return [s for s in self.scores if s.status != NEEDS_GPU]
+
+    @property
+    def points_here(self) -> float:
+        return sum(s.points or 0.0 for s in self.graded_here)
+
+    @property
+    def max_points_here(self) -> float:
+        return sum(s.max_points for s in self.graded_here)
+
+    @property
+    def complete_here(self) -> bool:
+        """Every point this machine can grade was earned (full marks, on a GPU)."""
+        return self.aborted is None and all(s.points == s.max_points for s in self.graded_here)
+
+    def _total(self) -> tuple[str, str]:
+        """The total's points, and what they are when some cells need a GPU."""
+        if not self.needs_gpu:
+            return f"{self.points:g} / {self.max_points:g}", ""
+        kind = "bandwidth" if all(SPEED_GRADE_ID.fullmatch(s.grade_id)
+                                  for s in self.needs_gpu) else "speed"
+        waiting = sum(s.max_points for s in self.needs_gpu)
+        plural = waiting != 1
+        return (f"{self.points_here:g} / {self.max_points_here:g}",
+                f"correctness points; {waiting:g} {kind} point{'s' if plural else ''} "
+                f"need{'' if plural else 's'} a GPU")
+
+    def total(self) -> str:
+        """The total: "6 / 10", or without a GPU "6 / 6 correctness points; 4 bandwidth
+        points need a GPU"."""
+        return " ".join(part for part in self._total() if part)
+
+    def table(self, *, verbose: bool = False) -> str:
+        """The report `course grade` prints: a line per test cell, the total, then the
+        whole message of each cell that lost points (see CellScore.details)."""
         width = max([len(s.grade_id) for s in self.scores] + [len("exercise")])
         lines = [f"{self.notebook.name} graded as chapter {self.chapter} ({self.mode} mode, "
                  f"{self.seconds:.0f} s)", ""]
@@ -110,15 +196,23 @@ class GradeReport:
                       "instructor to review: see the end of this report.", ""]
         lines += [f"  {'exercise':<{width}}  {'points':>9}  result"]
         for s in self.scores:
-            earned = "-" if s.points is None else f"{s.points:g}"
+            earned = "-" if s.points is None or s.status == NEEDS_GPU else f"{s.points:g}"
             result = s.status if not s.failure else f"{s.status}: {s.failure}"
             lines.append(f"  {s.grade_id:<{width}}  {earned + ' / ' + f'{s.max_points:g}':>9}  "
                          f"{result}")
-        total = f"{self.points:g} / {self.max_points:g}"
-        lines.append(f"  {'total':<{width}}  {total:>9}")
+        numbers, what = self._total()
+        lines.append(f"  {'total':<{width}}  {numbers:>9}" + (f" {what}" if what else ""))
         if self.aborted:
             lines += ["", f"The notebook did not run to the end: {self.aborted}",
                       "The autograder scores the whole chapter 0 when that happens."]
+        details = [s.details(verbose=verbose) for s in self.scores if s.lost]
+        details = [d for d in details if d]
+        if details:
+            lines += ["", "What went wrong, cell by cell:"]
+            for block in details:
+                lines += [""] + block
+        if self.notes:
+            lines.append("")
         lines += [f"note: {n}" for n in self.notes]
         if self.integrity:
             lines += ["", integrity_warning(self.integrity)]
@@ -671,6 +765,13 @@ class GradingSettings:
     cell_timeout_s: int
     error_on_timeout: dict
     iopub_timeout_s: int
+    # How the notebook's kernel is started (its KernelManager section): transport
+    # encryption, without which every kernel warns on stderr that it runs over plain TCP.
+    kernel_manager: dict = field(default_factory=dict)
+
+    def kernel_config(self) -> Config:
+        """The configuration a NotebookClient hands to the kernel manager it creates."""
+        return Config({"KernelManager": dict(self.kernel_manager)})
 
 
 def grading_settings(course_root: Path, cell_timeout_s: int | None = None) -> GradingSettings:
@@ -685,7 +786,8 @@ def grading_settings(course_root: Path, cell_timeout_s: int | None = None) -> Gr
         config = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
     execute = config.Execute
     return GradingSettings(int(execute.timeout), dict(execute.get("error_on_timeout", {})),
-                           int(execute.get("iopub_timeout", 4)))
+                           int(execute.get("iopub_timeout", 4)),
+                           dict(config.get("KernelManager", {})))
 
 
 def _first_line(text: str) -> str:
@@ -698,17 +800,47 @@ def _first_line(text: str) -> str:
     return line if len(line) <= 160 else line[:157] + "..."
 
 
+_STDERR_FAILURE = "wrote to stderr, which the autograder counts as a failure:"
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _last_error(cell: NotebookNode) -> dict | None:
+    # The last says most: a time limit's CellTimeoutError follows the interrupt.
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    return errors[-1] if errors else None
+
+
+def _stderr(cell: NotebookNode) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stderr")
+
+
 def _failure(cell: NotebookNode) -> str:
-    outputs = cell.get("outputs", [])
-    errors = [o for o in outputs if o.get("output_type") == "error"]
-    if errors:  # the last says most: a time limit's CellTimeoutError follows the interrupt
-        detail = _first_line(errors[-1].get("evalue", ""))
-        return f"{errors[-1].get('ename')}: {detail}" if detail else str(errors[-1].get("ename"))
-    for out in outputs:
-        if out.get("output_type") == "stream" and out.get("name") == "stderr":
-            return f"wrote to stderr, which the autograder counts as a failure: " \
-                   f"{_first_line(out.get('text', ''))}"
+    """The first informative line of what went wrong (the table's result column)."""
+    error = _last_error(cell)
+    if error:
+        detail = _first_line(error.get("evalue", ""))
+        return f"{error.get('ename')}: {detail}" if detail else str(error.get("ename"))
+    if _stderr(cell):
+        return f"{_STDERR_FAILURE} {_first_line(_stderr(cell))}"
     return ""
+
+
+def _message(cell: NotebookNode) -> tuple[str, str]:
+    """What went wrong, whole: the error's name and message (a checker's full advice and
+    report), or what the cell wrote to stderr; and, for an error that is not a checker's
+    verdict, its traceback (where it came from)."""
+    error = _last_error(cell)
+    if error:
+        name, value = str(error.get("ename", "")), _plain(str(error.get("evalue", ""))).strip()
+        trace = "" if name in _MESSAGE_ERRORS else _plain("\n".join(error.get("traceback")
+                                                                     or []))
+        return (f"{name}: {value}" if value else name), trace
+    text = _plain(_stderr(cell)).strip()
+    return (f"{_STDERR_FAILURE}\n{text}" if text else ""), ""
 
 
 def _describe(nb: NotebookNode, running: list[int]) -> str:
@@ -741,13 +873,18 @@ def score_cells(nb: NotebookNode, source: NotebookNode, ran: set[int]) -> list[C
             cell = nb.cells[index]
             points, _ = nbgrader_utils.determine_grade(cell)
             points = float(points)
+            message, trace = "", ""
             if points >= max_points:
                 status, failure = "passed", ""
             elif points > 0:
                 status, failure = "partial", "the cell's value gave partial credit"
+            elif (_last_error(cell) or {}).get("ename") == NEEDS_GPU_ERROR:
+                status, failure = NEEDS_GPU, ""  # nothing to fix: it cannot run here
             else:
                 status, failure = "failed", _failure(cell)
-            scores.append(CellScore(grade_id, max_points, points, status, failure))
+                message, trace = _message(cell)
+            scores.append(CellScore(grade_id, max_points, points, status, failure, message,
+                                    trace))
     return scores
 
 
@@ -793,7 +930,8 @@ def grade_notebook(path: str | Path, *, course_root: Path | None = None,
                             iopub_timeout=settings.iopub_timeout_s,
                             raise_on_iopub_timeout=True, on_cell_execute=on_cell_execute,
                             on_cell_executed=on_cell_executed,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}},
+                            config=settings.kernel_config())
     aborted = None
     start = time.perf_counter()
     try:
@@ -814,9 +952,11 @@ def grade_notebook(path: str | Path, *, course_root: Path | None = None,
     notes = []
     timed = speed_cells(source)
     if timed and not runtime.on_gpu():
-        notes.append(f"no GPU here: the cells that measure speed ({', '.join(timed)}) fail "
-                     "with 'needs a GPU', as they do when the autograder runs without one; "
-                     "graded on a GPU, they measure your kernel against the target")
+        notes.append(f"no GPU here: the cells that measure speed ({', '.join(timed)}) cannot "
+                     "measure anything on this machine, so they are listed as needing a GPU, "
+                     "their points apart from the total graded here. An autograder without a "
+                     "GPU scores them 0; graded on a GPU, they measure your kernel against "
+                     "the target")
     return GradeReport(path, source_path.parent.name, scores, seconds, runtime.MODE, aborted,
                        notes, flags)
 

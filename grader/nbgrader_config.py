@@ -71,3 +71,20 @@ c.Execute.error_on_timeout = {
         "never changes, a grid that is far too large).",
     ],
 }
+
+# How the notebooks' kernels are started, by nbgrader and by `course grade` (which reads this
+# section too). Over plain TCP, ipykernel warns on the stderr of every kernel ("Kernel is
+# running over TCP without encryption"), into every submission's log and every learner's
+# terminal, about nothing they did. With CurveZMQ, which pyzmq's wheels include, the kernel
+# manager gives each kernel its own keys and the messages are encrypted; the kernelspec of
+# ipykernel declares support for it ("auto" uses it only then). Older jupyter_client
+# versions have no such setting (nor that warning), and pyzmq built without CurveZMQ
+# refuses it: both are left as they are.
+try:
+    import zmq
+    from jupyter_client.manager import KernelManager
+except ImportError:  # nbgrader needs both; a broken install is reported by nbgrader itself
+    pass
+else:
+    if zmq.has("curve") and "transport_encryption" in KernelManager.class_trait_names():
+        c.KernelManager.transport_encryption = "auto"

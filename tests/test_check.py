@@ -29,6 +29,40 @@ def test_correct_kernel_passes_every_case():
     assert {r.case.dtype for r in report.results} >= {torch.float32, torch.float16}
 
 
+def test_a_report_shows_as_one_line_under_the_cell_that_ends_with_the_check():
+    """A test cell's last line is a bare checker call: Jupyter shows repr() of its value
+    under the report the checker printed. One line, not the dataclass (issue #34)."""
+    report = check.rmsnorm_forward(variants.correct, seed=7, quiet=True)
+    text = repr(report)
+    assert text == f"<rmsnorm_forward report: {len(report.results)}/{len(report.results)} " \
+                   "cases pass, seed 7>"
+    assert not hasattr(report, "_repr_html_")  # JupyterLab would draw the table again
+    assert str(report) == report.summary()  # print(report) still shows the table
+
+
+def test_the_speed_checks_results_show_as_one_line_too():
+    from course import bench, traffic
+    from course.check.lab import ShapeTiming
+    from course.check.two_pass import ModelComparison
+
+    def timed(label, seconds):
+        return bench.Measurement(label, seconds, 10**8, 3e12)
+
+    bandwidth = check.BandwidthResult("rmsnorm 16384x4096 bfloat16", 0.75,
+                                      (timed("rmsnorm", 5e-5), timed("rmsnorm", 4e-5)))
+    assert repr(bandwidth) == ("<rmsnorm 16384x4096 bfloat16: 83 % of copy, passes the 75 % "
+                               "target>")
+    model = ModelComparison(timed("rmsnorm_two_pass 16384x4096 bfloat16", 1e-4),
+                            traffic.two_pass_rmsnorm(16384, 4096, torch.bfloat16), 8e-5)
+    assert repr(model) == ("<rmsnorm_two_pass 16384x4096 bfloat16: 33 % of copy, 1.25x the "
+                           "model's time>")
+    race = check.CompileComparison(torch.bfloat16, (ShapeTiming(
+        (4096, 4096), timed("yours", 1e-4), timed("compile", 1.2e-4), 1),))
+    assert repr(race) == ("<rmsnorm vs torch.compile (bfloat16): as fast or faster; speedup "
+                          "4096x4096 1.20x>")
+    assert not hasattr(race, "_repr_html_")
+
+
 @pytest.mark.parametrize("name", sorted(variants.BROKEN))
 def test_broken_kernel_fails_with_its_own_message(name):
     fn, phrase = variants.BROKEN[name]

@@ -146,3 +146,70 @@ def test_only_the_bitwise_case_can_see_the_unrounded_sum():
     failing = [line for line in report_text.splitlines() if " FAIL " in line]
     # Every tolerance-based case passes this kernel; the stored-sum case alone refuses it.
     assert len(failing) == 1 and "y of the stored sum" in failing[0], report_text
+
+
+# --------------------------------------------------------------------------- row strides
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, residual_out_ptr,
+                        stride_x_row, stride_residual_row, stride_y_row,
+                        stride_residual_out_row, n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(residual_ptr + row * stride_residual_row + cols, mask=mask,
+                other=0.0).to(tl.float32)
+    h = (x + r).to(residual_out_ptr.dtype.element_ty)
+    tl.store(residual_out_ptr + row * stride_residual_out_row + cols, h, mask=mask)
+    h = h.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (h * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def add_rmsnorm_with_the_3d_residuals_stride(x, residual, weight, eps=1e-6):
+    """Issue #34's mistake: the residual's rows view is checked but not used; the kernel
+    gets the residual itself and residual.stride(0), which for a 3-D residual steps over a
+    whole block of rows."""
+    x_rows = validation.as_rows(x)
+    validation.check_same_rows(x, residual, "residual")  # its return value ignored
+    validation.check_param(x, weight, "weight")
+    eps = validation.check_eps(eps)
+    M, N = x_rows.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    residual_out = torch.empty_like(y)
+    _add_rmsnorm_kernel[(M,)](
+        x_rows, residual, weight, y, residual_out, x_rows.stride(0), residual.stride(0),
+        y.stride(0), residual_out.stride(0), N, eps, BLOCK_N=triton.next_power_of_2(N))
+    return y.view(x.shape), residual_out.view(x.shape)
+
+
+def test_a_3d_residuals_own_stride_gets_the_rows_views_stride_as_advice():
+    message = _failure(check.add_rmsnorm, add_rmsnorm_with_the_3d_residuals_stride)
+    failing = [line for line in message.splitlines() if " FAIL " in line]
+    assert len(failing) == 1 and "3-D input" in failing[0], message
+    advice = message.split("First wrong case")[0]
+    # The stride of the tensor the kernel must receive: the rows view's, not the 3-D one's
+    # the learner passed (the advice used to say "pass residual.stride(0)").
+    assert "residual_rows.stride(0)" in advice, advice
+    assert "x_rows.stride(0)" in advice, advice
+    assert "pass residual.stride(0)" not in advice, advice
+    assert "validation.check_same_rows(x, residual, \"residual\")" in advice, advice
+
+
+def test_a_3d_inputs_own_stride_gets_the_rows_views_stride_in_every_rmsnorm_checker():
+    def rmsnorm_with_the_3d_stride(x, weight, eps=1e-6):
+        x2 = validation.as_rows(x)
+        M, N = x2.shape
+        y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        rmsnorm_variants.rmsnorm_kernel[(M,)](x, weight, y, x.stride(0), y.stride(0), N, eps,
+                                              BLOCK_N=triton.next_power_of_2(N))
+        return y.view(x.shape)
+
+    for checker in (check.rmsnorm_forward, check.rmsnorm_two_pass):
+        advice = _failure(checker, rmsnorm_with_the_3d_stride).split("First wrong case")[0]
+        assert "Only the 3-D input fails" in advice, advice
+        assert "x2.stride(0)" in advice and "validation.as_rows(x)" in advice, advice

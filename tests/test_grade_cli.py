@@ -6,6 +6,8 @@ hidden test cell), so that a kernel runs in a second or two; one grades a real c
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -240,3 +242,148 @@ def test_a_real_chapter_answered_with_its_solutions_gets_every_point(tmp_path):
     assert {s.grade_id: s.points for s in report.scores} == {
         "ex02_roofline_functions": 4, "ex02_roofline_functions_hidden": 2}
     assert report.chapter == chapter and report.full_marks
+
+
+# ---------------------------------------------------------------- what the learner reads (#34)
+
+
+def _score(grade_id: str, status: str, points: float, max_points: float, message: str = "",
+           traceback: str = "") -> grade.CellScore:
+    failure = message.splitlines()[0] if message and status == "failed" else ""
+    return grade.CellScore(grade_id, max_points, points, status, failure, message, traceback)
+
+
+def _report(*scores: grade.CellScore) -> grade.GradeReport:
+    return grade.GradeReport(Path("ch04_fused.ipynb"), "ch04_fused", list(scores), 1.0,
+                             "interpreter")
+
+
+def test_a_failed_cells_whole_message_is_printed_a_screenful_unless_verbose():
+    lines = [f"advice line {i}" for i in range(grade.SCREEN_LINES + 12)]
+    long = _score("ex04_fused_correct", "failed", 0, 4,
+                  "AssertionError: rmsnorm_forward check failed.\n\n" + "\n".join(lines))
+    short = _score("ex04_fused_hidden", "failed", 0, 2, "AssertionError: one line says it all")
+    report = _report(long, short)
+    table = report.table()
+    assert "What went wrong, cell by cell:" in table
+    assert "ex04_fused_correct (0 / 4, failed):" in table
+    assert "    advice line 0" in table
+    shown = grade.SCREEN_LINES - 2  # the message's first two lines are its header
+    assert f"advice line {shown - 1}\n" in table and f"advice line {shown}\n" not in table
+    assert "[14 more line(s): `course grade --verbose` prints them all]" in table
+    # A one-line message is all in the table's row already: not repeated below.
+    assert "ex04_fused_hidden (0 / 2" not in table
+    verbose = report.table(verbose=True)
+    assert all(f"    {line}" in verbose for line in lines) and "more line(s)" not in verbose
+
+
+def test_verbose_adds_the_traceback_of_an_unexpected_error_but_not_of_a_checkers_verdict():
+    trace = "Traceback (most recent call last):\n  File \"<cell>\", line 3\nIndexError: oops"
+    error = _score("ex04_fused_correct", "failed", 0, 4, "IndexError: oops\nsecond line",
+                   traceback=trace)
+    assert "Traceback" not in _report(error).table()
+    assert "adds where the error came from" in _report(error).table()
+    assert "    Traceback (most recent call last):" in _report(error).table(verbose=True)
+
+
+def test_cells_that_need_a_gpu_are_shown_apart_and_count_as_nothing_lost():
+    report = _report(_score("ex04_fused_correct", "passed", 4, 4),
+                     _score("ex04_fused_hidden", "passed", 2, 2),
+                     _score("ex04_fused_bandwidth", grade.NEEDS_GPU, 0, 4))
+    assert report.total() == "6 / 6 correctness points; 4 bandwidth points need a GPU"
+    assert report.complete_here and not report.full_marks  # nbgrader's total stays 6 / 10
+    assert (report.points, report.max_points) == (6, 10)
+    table = report.table()
+    assert "- / 4  needs a GPU" in table and "What went wrong" not in table
+    one = _report(_score("ex08_lab_correct", "passed", 2, 2),
+                  _score("ex08_lab_speed", grade.NEEDS_GPU, 0, 1))
+    assert one.total() == "2 / 2 correctness points; 1 speed point needs a GPU"
+    lost = _report(_score("ex04_fused_correct", "failed", 0, 4, "AssertionError: wrong"),
+                   _score("ex04_fused_bandwidth", grade.NEEDS_GPU, 0, 4))
+    assert lost.total() == "0 / 4 correctness points; 4 bandwidth points need a GPU"
+    assert not lost.complete_here
+
+
+def test_a_speed_cell_that_raised_needs_gpu_is_scored_as_needing_a_gpu():
+    source = _chapter([
+        new_code_cell("pass", metadata=_meta("ex09_add_code", solution=True)),
+        new_code_cell("check()", metadata=_meta("ex09_add", points=2)),
+        new_code_cell("check_bandwidth()", metadata=_meta("ex09_add_bandwidth", points=3)),
+    ])
+    ran = nbformat.from_dict(source)
+    ran.cells[1].outputs = [nbformat.v4.new_output(
+        "error", ename="AssertionError", evalue="add check failed.\n\nfirst\nsecond",
+        traceback=["\x1b[31mAssertionError\x1b[0m: add check failed."])]
+    ran.cells[2].outputs = [nbformat.v4.new_output(
+        "error", ename="NeedsGPU", evalue="the bandwidth check needs a GPU", traceback=[])]
+    scores = {s.grade_id: s for s in grade.score_cells(ran, source, {0, 1, 2})}
+    assert (scores["ex09_add"].status, scores["ex09_add"].failure) == (
+        "failed", "AssertionError: first")
+    assert scores["ex09_add"].message == "AssertionError: add check failed.\n\nfirst\nsecond"
+    assert scores["ex09_add"].traceback == ""  # a checker's verdict: its message says it all
+    assert (scores["ex09_add_bandwidth"].status, scores["ex09_add_bandwidth"].points) == (
+        grade.NEEDS_GPU, 0)
+
+
+def _chapter_04(tmp_path: Path, *, replace: tuple[str, str] | None = None) -> Path:
+    """The released chapter 04 answered with the source's solution (changed by `replace`)."""
+    chapter = "ch04_fused"
+    source = nbformat.read(ROOT / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source.cells
+               if c.metadata.get("nbgrader", {}).get("solution")}
+    released = nbformat.read(ROOT / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    for cell in released.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):
+            cell.source = answers[meta["grade_id"]]
+            if replace is not None:
+                cell.source = cell.source.replace(*replace)
+    return _write(tmp_path, released, f"{chapter}.ipynb")
+
+
+def _interpreted_grade(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`course grade` in Triton's interpreter, as on a laptop, even on a GPU machine."""
+    return subprocess.run([sys.executable, "-m", "course", "grade", str(path), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COURSE_DEVICE": "cpu"})
+
+
+@pytest.mark.slow
+def test_a_correct_chapter_04_without_a_gpu_earns_every_correctness_point(tmp_path):
+    source = nbformat.read(ROOT / "solutions" / "ch04_fused" / "ch04_fused.ipynb",
+                           as_version=4)
+    speed = set(grade.speed_cells(source))
+    points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"]
+              for c in source.cells if c.metadata.get("nbgrader", {}).get("grade")}
+    here = sum(p for g, p in points.items() if g not in speed)
+    gpu = sum(p for g, p in points.items() if g in speed)
+    assert speed == {"ex04_fused_bandwidth"} and here and gpu
+    done = _interpreted_grade(_chapter_04(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr  # nothing left to earn here
+    assert "(interpreter mode," in done.stdout
+    assert f"{here:g} / {here:g} correctness points; {gpu:g} bandwidth points need a GPU" \
+        in done.stdout, done.stdout
+    row = next(line for line in done.stdout.splitlines() if "ex04_fused_bandwidth" in line)
+    assert row.split()[-3:] == ["needs", "a", "GPU"] and "failed" not in done.stdout, row
+    # The kernel was started with encrypted messages: ipykernel had nothing to warn about.
+    assert "without encryption" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_wrong_chapter_04_kernel_gets_the_checkers_whole_advice(tmp_path):
+    # Every program reads row 0: the hidden test's check (seed 44) names the row offset.
+    wrong = _chapter_04(tmp_path, replace=("x_ptr + row * stride_x_row + cols",
+                                           "x_ptr + cols"))
+    done = _interpreted_grade(wrong)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert "What went wrong, cell by cell:" in out
+    block = out[out.index("ex04_fused_hidden (0 / 2, failed):"):]
+    # The whole advice, past the 160 characters the table's row keeps, then the check's own
+    # table of cases, down to its last line.
+    assert ("Row 0 is right but the other rows are wrong: each program must offset its "
+            "pointers by its row, x_ptr + row * stride_x_row (and the same for the output), "
+            "where stride_x_row is the row stride of the 2-D view the kernel receives: "
+            "x2.stride(0) for x2 = validation.as_rows(x).") in " ".join(block.split())
+    assert re.search(r"rmsnorm_forward: \d+/\d+ cases pass \(interpreter mode, seed 44\)", block)
+    assert "many rows (257x512, float16)" in block and "more line(s)" not in block

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +49,20 @@ STUB = CONFIG.ClearSolutions.code_stub["python"]
 STUB_MESSAGE = re.search(r'NotImplementedError\("(.+)"\)', STUB).group(1)
 # Raises ReleaseError (a collection error, so a failure) when solutions/ has no chapter.
 CHAPTERS = release_script.find_chapters(SOLUTIONS)
+# How the course starts a notebook's kernel (nbgrader and `course grade` read this section
+# of its config): with encrypted messages, so that ipykernel does not warn about plain TCP.
+KERNEL_CONFIG = Config({"KernelManager": dict(CONFIG.get("KernelManager", {}))})
+# What no chapter may show a learner, in a cell's output or on its kernel's stderr: a
+# checker's result printed as a dataclass (a test cell's last line displays its value),
+# and warnings the learner did not cause.
+NOISE = {
+    "a checker's result as its dataclass repr": re.compile(
+        r"\b\w*(Report|Result|Verdict|Comparison)\("),
+    "ipykernel's warning about plain TCP": re.compile(r"running over TCP without encryption"),
+    "the profiler's own log lines": re.compile(r"^USDT:", re.MULTILINE),
+}
+# The source notebooks as executed in this session, with their kernels' stderr.
+_EXECUTED: dict[str, tuple[nbformat.NotebookNode, str]] = {}
 
 
 def _source(chapter: str) -> Path:
@@ -70,14 +86,41 @@ def _is_test(cell) -> bool:
     return bool(meta.get("grade")) and not meta.get("solution")
 
 
-def _execute(path: Path, *, allow_errors: bool) -> tuple[nbformat.NotebookNode, float]:
+def _execute(path: Path, *, allow_errors: bool, kernel_log: list[str] | None = None
+             ) -> tuple[nbformat.NotebookNode, float]:
+    """Run a notebook as the course runs it; what its kernel wrote to stderr (ipykernel's
+    own warnings, which no cell shows) is appended to `kernel_log`, and printed if the run
+    fails."""
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}},
+                            config=KERNEL_CONFIG)
     start = time.perf_counter()
-    client.execute()
+    with tempfile.TemporaryFile("w+", errors="replace") as stderr:
+        try:
+            client.execute(stderr=stderr)
+        except BaseException:
+            stderr.seek(0)
+            sys.stderr.write(stderr.read())
+            raise
+        stderr.seek(0)
+        if kernel_log is not None:
+            kernel_log.append(stderr.read())
     return nb, time.perf_counter() - start
+
+
+def _output_texts(cell) -> list[str]:
+    texts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            texts.append(out.get("text", ""))
+        elif out.get("output_type") == "error":
+            texts.append(_error_text(out))
+        else:
+            texts += [v if isinstance(v, str) else "".join(v)
+                      for k, v in out.get("data", {}).items() if k.startswith("text/")]
+    return texts
 
 
 def _errors(cell) -> list[dict]:
@@ -103,13 +146,42 @@ def _describe(index: int, cell) -> str:
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_source_notebook_runs_top_to_bottom_without_errors(chapter, capsys):
     """Solutions, visible tests and hidden tests all pass in the source notebook."""
+    kernel_log: list[str] = []
     try:
-        _, seconds = _execute(_source(chapter), allow_errors=False)
+        nb, seconds = _execute(_source(chapter), allow_errors=False, kernel_log=kernel_log)
     except CellExecutionError as error:
         pytest.fail(f"solutions/{chapter}/{chapter}.ipynb fails when run top to bottom:\n"
                     f"{error}")
+    _EXECUTED[chapter] = (nb, "".join(kernel_log))
     with capsys.disabled():
         print(f"\n  solutions/{chapter}: ran in {seconds:.1f} s", end="")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_source_notebook_shows_no_result_reprs_and_no_warnings_nobody_caused(chapter):
+    """Issue #34: a test cell that ends with a bare checker call shows the checker's own
+    printed report and a one-line repr, not the dataclass (thousands of characters); the
+    kernel runs without ipykernel's warning about plain TCP; the profiler cells print no
+    "USDT: ..." lines. Uses the previous test's run when there was one."""
+    if chapter not in _EXECUTED:
+        kernel_log: list[str] = []
+        nb, _ = _execute(_source(chapter), allow_errors=True, kernel_log=kernel_log)
+        _EXECUTED[chapter] = (nb, "".join(kernel_log))
+    nb, kernel_log = _EXECUTED[chapter]
+    found = []
+    for what, pattern in NOISE.items():
+        for index, cell in enumerate(nb.cells):
+            for text in _output_texts(cell):
+                hit = pattern.search(text)
+                if hit:
+                    found.append(f"{what} in {_describe(index, cell)}: "
+                                 f"{text[max(0, hit.start() - 80):hit.end() + 120]!r}")
+        hit = pattern.search(kernel_log)
+        if hit:
+            found.append(f"{what} on the kernel's stderr: "
+                         f"{kernel_log[max(0, hit.start() - 80):hit.end() + 120]!r}")
+    assert not found, f"solutions/{chapter}:\n" + "\n".join(found)
 
 
 # ---------------------------------------------------------------- the release is up to date

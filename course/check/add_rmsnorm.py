@@ -203,8 +203,20 @@ ADD_RMSNORM = _AddRMSNormExercise(
             "Row 0 is right but the other rows are wrong: each program must offset its "
             "pointers by its row, and each tensor by its own row stride. x, the residual "
             "and the two outputs can be laid out differently (one of the checks pads the "
-            "residual's rows but not x's): pass residual.stride(0) and use it for the "
-            "residual, x.stride(0) for x."),
+            "residual's rows but not x's). Pass the row stride of each 2-D view the kernel "
+            "receives: x_rows.stride(0) for x_rows = validation.as_rows(x), "
+            "residual_rows.stride(0) for residual_rows = validation.check_same_rows(x, "
+            "residual, \"residual\"), and y.stride(0), residual_out.stride(0) for the "
+            "outputs."),
+        "nd_row_stride": (
+            "Only the 3-D input fails, and its row 0 is right: a tensor's row stride is not "
+            "that of the rows your kernel reads. For a tensor of shape (A, B, N), "
+            ".stride(0) steps over B rows at once, so residual.stride(0) or x.stride(0) of "
+            "the 3-D tensors is wrong. Launch on the 2-D views and pass their row strides: "
+            "x_rows = validation.as_rows(x) and residual_rows = "
+            "validation.check_same_rows(x, residual, \"residual\") return (M, N) views; "
+            "pass x_rows, residual_rows, x_rows.stride(0) and residual_rows.stride(0) (and "
+            "the outputs' y.stride(0), residual_out.stride(0))."),
         "input_written:residual": (
             "Your kernel writes x + residual into `residual`, in place. Inference stacks "
             "(vLLM's fused_add_rms_norm) do that on purpose, but this exercise is out of "

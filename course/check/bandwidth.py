@@ -57,6 +57,12 @@ class BandwidthResult:
                 f"{100 * self.target:.0f} % of copy bandwidth "
                 f"({hardware.copy_bandwidth() / 1e9:.0f} GB/s measured here)")
 
+    def __repr__(self) -> str:
+        # One line under a cell that ends with the check, which has printed str() already.
+        verdict = "passes" if self.passed else "is below"
+        return (f"<{self.label}: {100 * (self.best.fraction_of_copy or 0.0):.0f} % of copy, "
+                f"{verdict} the {100 * self.target:.0f} % target>")
+
 
 @dataclass(frozen=True)
 class CallSpec:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 from course import runtime
@@ -56,6 +57,29 @@ _CALL_FINDINGS = {
                 "deterministic reduction without them: each program writes its own partial "
                 "sums, and a second kernel adds them up."),
 }
+
+
+# In Triton's interpreter the variable of `for r in range(start, end)` is a plain Python
+# int; compiled for a GPU it is a tensor. Methods of a tensor called on it (r.to(tl.int64))
+# work on a GPU and fail only here, with an error that points at the launch.
+_LOOP_VARIABLE = re.compile(r"'int' object has no attribute '(\w+)'")
+
+
+def _error_hint(error: str) -> str:
+    """What an error means when it is a known difference between the interpreter and a
+    GPU, and what to write instead; empty otherwise."""
+    found = _LOOP_VARIABLE.search(error)
+    if found is None or not runtime.interpreted():
+        return ""
+    method = found.group(1)
+    return (f"\n  This is a difference between Triton's interpreter and a GPU, not a bug a GPU "
+            f"would show: in the interpreter, the variable of a `for row in range(first, last)` "
+            f"loop is a plain Python int, while compiled for a GPU it is a tensor. So "
+            f"`row.{method}(...)` (for example row.to(tl.int64)) works on a GPU and fails "
+            "here. Call no tensor methods on a loop variable: make the bounds 64-bit "
+            "before the loop instead (first = pid.to(tl.int64) * rows_per_program; "
+            "last = tl.minimum(first + rows_per_program, n_rows)), so that row * stride is "
+            "computed in 64 bits on a GPU, and in Python integers, which never overflow, here.")
 
 
 def _cases(results: Sequence[CaseResult]) -> str:
@@ -147,14 +171,25 @@ def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
     if all_wrong_have("strided") and not _tagged(right, "strided"):
         return "strided", (
             "Only inputs whose rows are not contiguous fail: your kernel assumes the row "
-            "stride equals N. Pass x.stride(-2) (and the output's row stride) to the kernel "
+            "stride equals N. Pass the row stride of the tensor the kernel receives, the 2-D "
+            "view x2 = validation.as_rows(x): x2.stride(0) (and the output's, y.stride(0)), "
             "and use them for the row offset.")
     # With N = 1 every output is +-weight, so a wrong row can match by chance: leave it out.
     informative = [m for m in first if m.n_cols > 1] or first
-    if all(m.first_row_right_others_not for m in informative):
+    row_zero_only = all(m.first_row_right_others_not for m in informative)
+    if row_zero_only and all_wrong_have("nd"):
+        return "nd_row_stride", (
+            "Only the 3-D input fails, and its row 0 is right: the kernel steps from row to "
+            "row with a stride that is not its rows'. For x of shape (A, B, N), x.stride(0) "
+            "steps over B rows at once. Launch on the 2-D view x2 = validation.as_rows(x) "
+            "and pass its row stride, x2.stride(0) (and y.stride(0) for the (M, N) output "
+            "you allocate).")
+    if row_zero_only:
         return "row_offset", (
             "Row 0 is right but the other rows are wrong: each program must offset its "
-            "pointers by its row, x_ptr + row * stride_x_row (and the same for the output).")
+            "pointers by its row, x_ptr + row * stride_x_row (and the same for the output), "
+            "where stride_x_row is the row stride of the 2-D view the kernel receives: "
+            "x2.stride(0) for x2 = validation.as_rows(x).")
     # Before the mask rule: long rows are also "odd_n", and a GPU's low-precision
     # accumulation fails only the long 16-bit rows.
     fp32 = [r for r in checked if r.case.dtype == torch.float32]
@@ -213,9 +248,13 @@ def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
     if all_wrong_have("edge"):
         return "edge", ("Only degenerate sizes (N = 1 or M = 1) fail: check the grid (one "
                         "program per row) and that BLOCK_N is at least N.")
-    if all_wrong_have("mean"):
+    # A row of one element equals its mean, so a cancellation shows there too (on a GPU,
+    # where x * rstd - mean * rstd becomes one FMA, it does): it does not count against.
+    if _tagged(wrong, "mean") and all("mean" in r.case.tags or r.case.shape[-1] == 1
+                                      for r in wrong):
         return "mean", (
-            "Only rows with a large mean fail: catastrophic cancellation. With a mean of 1e4 "
+            "Only rows with a large mean (or of one element, equal to their mean) fail: "
+            "catastrophic cancellation. With a mean of 1e4 "
             "and a spread of 1, E[x^2] is about 1e8, of which float32 keeps about 7 digits, so "
             "E[x^2] - E[x]^2 (a one-pass sum and sum of squares) loses the variance entirely. "
             "Compute the mean first, then sum (x - mean)^2 in a second pass over the row (it "
@@ -232,6 +271,8 @@ def _suspect_advice(results: Sequence[CaseResult], suspects: Sequence[Suspect]
     advice, explained = [], set()
     for suspect in suspects:
         if suspect.output in explained:
+            continue
+        if suspect.across is not None and not suspect.across(results):
             continue
         wrong = [r for r in results if r.error is None
                  and any(m.name == suspect.output for m in r.mismatches)]
@@ -296,7 +337,8 @@ def advise(results: Sequence[CaseResult], suspects: Sequence[Suspect] = (),
     advice = []
     errors = [r for r in failing if r.error]
     if errors:
-        advice.append(f"Your function raised an error on {_cases(errors)}:\n{errors[0].error}")
+        advice.append(f"Your function raised an error on {_cases(errors)}:\n{errors[0].error}"
+                      + _error_hint(errors[0].error))
     advice += _finding_advice(failing, overrides)
     suspect_advice, explained = _suspect_advice(results, suspects)
     advice += suspect_advice

@@ -20,7 +20,6 @@ otherwise be what is compared, not the kernels.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -90,11 +89,12 @@ class CompileComparison:
                   for row in rows]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        head = ("shape", "yours (us)", "of copy", "torch.compile (us)", "speedup", "verdict")
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                       for row in self.table())
-        return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>")
+    def __repr__(self) -> str:
+        # One line under a cell that ends with the check, which has printed the table.
+        verdict = "as fast or faster" if self.passed else "slower"
+        speedups = ", ".join(f"{r.shape[0]}x{r.shape[1]} {r.speedup:.2f}x" for r in self.rows)
+        return (f"<rmsnorm vs torch.compile ({str(self.dtype).replace('torch.', '')}): "
+                f"{verdict}; speedup {speedups}>")
 
 
 def _needs_gpu(on_cpu: str) -> None:

@@ -96,6 +96,11 @@ class ModelComparison:
                 f"{self.predicted_s * 1e6:.1f} us: the kernel takes "
                 f"{self.measured_over_predicted:.2f}x the prediction.")
 
+    def __repr__(self) -> str:
+        # One line under a cell that ends with the check, which has printed str() already.
+        return (f"<{self.measurement.label}: {100 * self.fraction_of_copy:.0f} % of copy, "
+                f"{self.measured_over_predicted:.2f}x the model's time>")
+
 
 @learner_facing
 def rmsnorm_two_pass_bandwidth(fn: Callable, *, shape: tuple[int, int] = (16384, 4096),
