@@ -25,6 +25,7 @@ for the instructor to review.
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import datetime
 import hashlib
@@ -37,9 +38,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import nbformat
@@ -93,6 +96,8 @@ class Course:
     feedback: Path
     db_url: str
     course_id: str
+    # A share of the grading run apart (several GPUs, a cluster): its own gradebook there.
+    task_dir: Path | None = None
 
     @classmethod
     def at(cls, root: Path = ROOT) -> Course:
@@ -116,7 +121,9 @@ class Course:
 
     @property
     def logs(self) -> Path:
-        return self.grader_dir / "logs"
+        """Where the logs of a run go: grader/logs, or a task's own folder."""
+        return self.task_dir / "logs" if self.task_dir is not None else \
+            self.grader_dir / "logs"
 
     def chapters(self) -> list[str]:
         release = _load_release_script(self.root)
@@ -159,6 +166,8 @@ def run_nbgrader(course: Course, args: Sequence[str], log_path: Path,
                           "it is not on PATH (nor beside this Python). Install nbgrader into "
                           "this environment, or put the bin/ folder of the one holding "
                           "alembic on PATH.")
+    if course.task_dir is not None:  # a task's own gradebook
+        args = [*args, f"--CourseDirectory.db_url={course.db_url}"]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         log.write(f"$ nbgrader {' '.join(args)}\n")
@@ -449,26 +458,23 @@ def _zero_grades(course: Course, chapter: str, student: str) -> None:
         gb.db.commit()
 
 
-def autograde(course: Course, chapters: Sequence[str] | None = None,
-              students: Sequence[str] | None = None, *, force: bool = False,
-              cell_timeout_s: int | None = None,
-              say: Callable[[str], None] = print) -> list[ChapterRun]:
-    """Autograde the collected submissions, one nbgrader call per chapter. A submission that
-    nbgrader cannot run to the end (a cell that ignores the interrupt at its time limit, a
-    dead kernel) is scored 0 in its chapter and listed; other chapters are not touched.
-    Before grading, every collected submission is scanned for code that a solution should
-    not need (the integrity scan): flagged submissions are listed, and every flag is written
-    to grader/grades_integrity.csv, for the instructor to review. The flags cost no points."""
-    if cell_timeout_s is not None and cell_timeout_s <= 0:
-        raise GraderError(f"the time limit per cell must be above 0 s, not {cell_timeout_s}")
-    selected = course.select(chapters)
-    wanted = set(students or [])
-    todo = {ch: [s for s in course.submissions(ch) if not wanted or s in wanted]
-            for ch in selected}
-    todo = {ch: names for ch, names in todo.items() if names}
-    if not todo:
-        raise GraderError(f"no submissions to autograde in {course.submitted} for "
-                          f"{', '.join(selected)}: run `make collect FROM=<folder>` first")
+@dataclass
+class Plan:
+    """What an autograde run grades, once its submissions were checked and scanned."""
+
+    todo: dict[str, list[str]]          # chapter -> students
+    scanned: Flags
+    flags_csv: str                      # where the scan's flags were written, for messages
+    subset: bool                        # only some students: nbgrader is called per student
+
+
+def prepare(course: Course, chapters: Sequence[str] | None = None,
+            students: Sequence[str] | None = None,
+            say: Callable[[str], None] = print) -> Plan:
+    """Everything before grading: the submissions to grade, checked (no file beside a
+    notebook), scanned (the integrity flags, written to grader/grades_integrity.csv), and the
+    chapters registered in the gradebook."""
+    todo = course_todo(course, chapters, students)
     # nbgrader would copy these beside the notebook, whose kernel imports from its own folder
     # first: a course/ folder there replaces the checkers. `collect` never copies them.
     extras = [f"{student}/{chapter}: {', '.join(files)}" for chapter, names in todo.items()
@@ -486,72 +492,357 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
         else csv_path
     say(f"integrity scan: {flagged} collected submission(s) flagged for review "
         f"(every flag: {shown})")
+    register_chapters(course)
+    return Plan(todo, scanned, str(shown), bool(students))
+
+
+def course_todo(course: Course, chapters: Sequence[str] | None,
+                students: Sequence[str] | None) -> dict[str, list[str]]:
+    """chapter -> the collected submissions to grade in it (of `students`, if given)."""
+    selected = course.select(chapters)
+    wanted = set(students or [])
+    todo = {ch: [s for s in course.submissions(ch) if not wanted or s in wanted]
+            for ch in selected}
+    todo = {ch: names for ch, names in todo.items() if names}
+    if not todo:
+        raise GraderError(f"no submissions to autograde in {course.submitted} for "
+                          f"{', '.join(selected)}: run `make collect FROM=<folder>` first")
+    return todo
+
+
+@dataclass
+class Graded:
+    """One chapter's submissions, graded: by nbgrader, then by the verifier."""
+
+    graded: list[str]        # nbgrader ran them to the end
+    failed: list[str]        # nbgrader could not: scored 0 by it, graded by the verifier
+    verdicts: dict[str, dict | None]
+    log: Path
+
+
+def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
+                  cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str]
+                  ) -> Graded:
+    """nbgrader autograde of `names` in `chapter` (one call, or one per student), then the
+    verifier on every submission nbgrader tried; the verified points are not yet in the
+    gradebook (`apply_verdicts`)."""
     env = dict(GRADING_ENV)
     if cell_timeout_s is not None:
         env["GRADER_CELL_TIMEOUT_S"] = str(cell_timeout_s)
-    register_chapters(course)
+    logs = course.logs
+    log = logs / f"autograde_{chapter}.log"
+    args = ["autograde", chapter] + (["--force"] if force else [])
+    if per_student:  # nbgrader's --student is one glob: a call per student keeps it exact
+        statuses, parts = [], []
+        for student in names:
+            part = logs / f"autograde_{chapter}_{student}.log"
+            statuses.append(run_nbgrader(course, args + [f"--student={student}"], part, env))
+            parts.append(part.read_text(errors="replace"))
+            part.unlink()
+        text = "\n".join(parts)
+        log.write_text(text)
+        status = max(statuses)
+    else:
+        status = run_nbgrader(course, args, log, env)
+        text = log.read_text(errors="replace")
+    reported = {s for ch, s in FAILED_LINE.findall(text) if ch == chapter}
+    graded = [s for s in names if course.autograded_notebook(s, chapter).is_file()]
+    failed = [s for s in names if s not in graded]
+    unexplained = [s for s in failed if s not in reported]
+    if unexplained:
+        raise GraderError(f"nbgrader autograde {chapter} (exit status {status}) did not "
+                          f"grade {', '.join(unexplained)} and gave no reason; the end of "
+                          f"{log}:\n{_tail(log)}")
+    for student in failed:
+        _zero_grades(course, chapter, student)
+    # nbgrader's scores are replaced by verified ones, for every submission it tried: the
+    # verifier also grades the exercises before a cell that stopped nbgrader.
+    check_code_stamp(course, stamp, f"nbgrader autograde {chapter}")
+    verdicts = {student: current_verdict(course, chapter, student) for student in names}
+    stale = [student for student in names if force or verdicts[student] is None]
+    verdicts.update(verify(course, chapter, stale,
+                           cell_timeout_s or configured_timeout(course)))
+    check_code_stamp(course, stamp, f"the verification of {chapter}")
+    for student in stale:
+        annotate(course, chapter, student, verdicts[student])
+    return Graded(graded, failed, verdicts, log)
+
+
+def autograde(course: Course, chapters: Sequence[str] | None = None,
+              students: Sequence[str] | None = None, *, force: bool = False,
+              cell_timeout_s: int | None = None, gpus: Sequence[str] | None = None,
+              say: Callable[[str], None] = print) -> list[ChapterRun]:
+    """Autograde the collected submissions, one nbgrader call per chapter, then verify each
+    (the verified points replace nbgrader's). A submission that nbgrader cannot run to the
+    end (a cell that ignores the interrupt at its time limit, a dead kernel) is listed;
+    other chapters are not touched. Before grading, every collected submission is scanned
+    for code that a solution should not need (the integrity scan): flagged submissions are
+    listed, and every flag is written to grader/grades_integrity.csv, for the instructor to
+    review. The flags cost no points. With `gpus`, a worker per GPU grades the submissions
+    one at a time (`autograde_on_gpus`)."""
+    if cell_timeout_s is not None and cell_timeout_s <= 0:
+        raise GraderError(f"the time limit per cell must be above 0 s, not {cell_timeout_s}")
+    plan = prepare(course, chapters, students, say)
+    if gpus:
+        return autograde_on_gpus(course, plan, gpus, force=force,
+                                 cell_timeout_s=cell_timeout_s, say=say)
     stamp = code_stamp(course)
     runs = []
-    for chapter, names in todo.items():
+    for chapter, names in plan.todo.items():
         say(f"{chapter}: autograding {len(names)} submission(s) ...")
-        log = course.logs / f"autograde_{chapter}.log"
-        args = ["autograde", chapter]
-        if force:
-            args.append("--force")
         start = time.perf_counter()
-        if wanted:  # nbgrader's --student is one glob: a call per student keeps it exact
-            statuses, parts = [], []
-            for student in names:
-                part = course.logs / f"autograde_{chapter}_{student}.log"
-                statuses.append(run_nbgrader(course, args + [f"--student={student}"], part,
-                                             env))
-                parts.append(part.read_text(errors="replace"))
-                part.unlink()
-            text = "\n".join(parts)
-            log.write_text(text)
-            status = max(statuses)
-        else:
-            status = run_nbgrader(course, args, log, env)
-            text = log.read_text(errors="replace")
-        seconds = time.perf_counter() - start
-        reported = {s for ch, s in FAILED_LINE.findall(text) if ch == chapter}
-        graded = [s for s in names if course.autograded_notebook(s, chapter).is_file()]
-        failed = [s for s in names if s not in graded]
-        unexplained = [s for s in failed if s not in reported]
-        if unexplained:
-            raise GraderError(f"nbgrader autograde {chapter} (exit status {status}) did not "
-                              f"grade {', '.join(unexplained)} and gave no reason; the end of "
-                              f"{log}:\n{_tail(log)}")
-        for student in failed:
-            _zero_grades(course, chapter, student)
-        # nbgrader's scores are replaced by verified ones, for every submission it tried:
-        # the verifier also grades the exercises before a cell that stopped nbgrader.
-        check_code_stamp(course, stamp, f"nbgrader autograde {chapter}")
-        verdicts = {student: current_verdict(course, chapter, student) for student in names}
-        stale = [student for student in names if force or verdicts[student] is None]
-        verdicts.update(verify(course, chapter, stale,
-                               cell_timeout_s or configured_timeout(course)))
-        check_code_stamp(course, stamp, f"the verification of {chapter}")
-        for student in stale:
-            annotate(course, chapter, student, verdicts[student])
+        done = grade_chapter(course, chapter, names, force=force,
+                             cell_timeout_s=cell_timeout_s, per_student=plan.subset,
+                             stamp=stamp)
         apply_verdicts(course, [chapter])
-        seconds = time.perf_counter() - start
-        # Every collected submission of the chapter, as the summary lists them all.
-        flags = {s: found for s in course.submissions(chapter)
-                 if (found := scanned.get((chapter, s)))}
-        runs.append(ChapterRun(chapter, names, graded, failed, seconds, log, flags))
-        say(f"{chapter}: {len(graded)} graded, {len(failed)} could not be run to the end, "
-            f"in {seconds:.0f} s (log: {log.relative_to(course.root)})")
-        for student in failed:
-            say(f"  {student}: NOT GRADED by nbgrader: the notebook could not run to the end "
-                "(a cell ignored the interrupt at its time limit and its kernel was killed, "
-                "or the kernel died); see the log. Its points are the verifier's alone")
+        runs.append(report_chapter(course, plan, chapter, names, done,
+                                   time.perf_counter() - start, say))
+    return runs
+
+
+def report_chapter(course: Course, plan: Plan, chapter: str, names: Sequence[str],
+                   done: Graded, seconds: float, say: Callable[[str], None]) -> ChapterRun:
+    """What autograde says of one chapter; its ChapterRun."""
+    # Every collected submission of the chapter, as the summary lists them all.
+    flags = {s: found for s in course.submissions(chapter)
+             if (found := plan.scanned.get((chapter, s)))}
+    log = done.log
+    shown_log = log.relative_to(course.root) if log.is_relative_to(course.root) else log
+    say(f"{chapter}: {len(done.graded)} graded, {len(done.failed)} could not be run to the "
+        f"end, in {seconds:.0f} s (log: {shown_log})")
+    for student in done.failed:
+        say(f"  {student}: NOT GRADED by nbgrader: the notebook could not run to the end "
+            "(a cell ignored the interrupt at its time limit and its kernel was killed, "
+            "or the kernel died); see the log. Its points are the verifier's alone")
+    for student in names:
+        if student in done.verdicts:
+            for line in verdict_lines(done.verdicts[student], student):
+                say(line)
+        if student in flags:
+            say(flag_line(student, flags[student], plan.flags_csv))
+    return ChapterRun(chapter, list(names), done.graded, done.failed, seconds, log, flags)
+
+
+# ---------------------------------------------------------------- several GPUs, a cluster
+#
+# A grading run split in shares ("tasks"): each grades its submissions one at a time into a
+# gradebook of its own (grader/tasks/<name>/gradebook.db, a copy of the main one taken after
+# `prepare`), while the autograded notebooks and the verdicts go where a single run puts
+# them. `merge` then copies each task's submissions into the main gradebook, one writer, one
+# transaction per submission, and puts in the verified points. On one node, `autograde
+# --gpus 0,1` runs a worker per GPU, each pinned to its GPU and taking the next submission
+# when it is done with one; on a cluster, each array task of grader/slurm_autograde.sbatch
+# grades a fixed share (`task --share K/N`).
+
+TASKS = "tasks"
+TASK_RESULTS = "results.json"
+
+
+def task_course(course: Course, task_dir: Path) -> Course:
+    """The course as a task grades it: with its own gradebook, a copy of the main one."""
+    task_dir.mkdir(parents=True, exist_ok=True)
+    own = task_dir / "gradebook.db"
+    if not own.is_file():
+        main = Path(course.db_url.removeprefix("sqlite:///"))
+        if not main.is_file() or not _registered(course):
+            raise GraderError("the gradebook has no chapters yet: run `python grader/"
+                              "instructor.py prepare` (it scans and registers them) first")
+        shutil.copy2(main, own)  # nothing writes the main gradebook while tasks run
+    return replace(course, db_url=f"sqlite:///{own}", task_dir=task_dir)
+
+
+def read_results(task_dir: Path) -> list[dict]:
+    try:
+        return json.loads((task_dir / TASK_RESULTS).read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *,
+             force: bool = False, cell_timeout_s: int | None = None,
+             say: Callable[[str], None] = print) -> list[dict]:
+    """Grade `items` ((chapter, student) pairs) one at a time into the task at `task_dir`:
+    nbgrader, then the verifier. After each, the task's results say what it did, so a task
+    that dies keeps what it finished."""
+    task = task_course(course, task_dir)
+    stamp = code_stamp(course)
+    results = read_results(task_dir)
+    for chapter, student in items:
+        done = grade_chapter(task, chapter, [student], force=force,
+                             cell_timeout_s=cell_timeout_s, per_student=True, stamp=stamp)
+        results = [r for r in results if (r["chapter"], r["student"]) != (chapter, student)]
+        results.append({"chapter": chapter, "student": student,
+                        "nbgrader": student in done.graded})
+        partial = task_dir / (TASK_RESULTS + ".partial")
+        partial.write_text(json.dumps(results, indent=1))
+        os.replace(partial, task_dir / TASK_RESULTS)
+        say(f"{chapter}/{student}: " + ("graded" if student in done.graded else
+                                        "NOT GRADED by nbgrader")
+            + "; " + "; ".join(line.strip() for line in
+                               verdict_lines(done.verdicts[student], student)))
+    return results
+
+
+def share(plan: Plan, index: int, count: int) -> list[tuple[str, str]]:
+    """Task `index` of `count`'s submissions: every count-th of the sorted list."""
+    if not 0 <= index < count:
+        raise GraderError(f"share {index}/{count}: the index goes from 0 to {count - 1}")
+    items = sorted((chapter, student) for chapter, names in plan.todo.items()
+                   for student in names)
+    return items[index::count]
+
+
+def merge(course: Course, say: Callable[[str], None] = print) -> list[dict]:
+    """Copy every task's submissions (grader/tasks/*/) into the main gradebook, one
+    transaction per submission, then put in the verified points; the merged tasks' folders
+    go. Returns every task's results."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    merged: list[dict] = []
+    folders = sorted(p for p in (course.grader_dir / TASKS).glob("*") if p.is_dir())
+    with Gradebook(course.db_url, course.course_id) as gb:
+        for folder in folders:
+            results = read_results(folder)
+            own = folder / "gradebook.db"
+            if results and own.is_file():
+                with Gradebook(f"sqlite:///{own}", course.course_id) as tb:
+                    for r in results:
+                        try:
+                            theirs = tb.find_submission(r["chapter"], r["student"])
+                        except MissingEntry:
+                            continue
+                        _copy_submission(gb, theirs, r["chapter"], r["student"])
+                        gb.db.commit()
+            logs = course.grader_dir / "logs" / f"task_{folder.name}"
+            if (folder / "logs").is_dir():
+                shutil.rmtree(logs, ignore_errors=True)
+                shutil.copytree(folder / "logs", logs)
+            merged += results
+            shutil.rmtree(folder)
+    if folders and not any((course.grader_dir / TASKS).iterdir()):
+        (course.grader_dir / TASKS).rmdir()  # every task merged: nothing left to say
+    chapters = sorted({r["chapter"] for r in merged})
+    if chapters:
+        apply_verdicts(course, chapters)
+    say(f"merged {len(merged)} graded submission(s) from {len(folders)} task(s)")
+    return merged
+
+
+def _copy_submission(gb, theirs, chapter: str, student: str) -> None:
+    """A task's submission (nbgrader's record of it) into the main gradebook `gb`."""
+    from sqlalchemy.exc import SAWarning
+
+    gb.update_or_create_student(student)
+    with warnings.catch_warnings():  # nbgrader's own autoflush chatter while it creates one
+        warnings.simplefilter("ignore", SAWarning)
+        gb.update_or_create_submission(chapter, student, timestamp=theirs.timestamp)
+    for notebook in theirs.notebooks:
+        for grade in notebook.grades:
+            mine = gb.find_grade(grade.name, notebook.name, chapter, student)
+            mine.auto_score, mine.manual_score = grade.auto_score, grade.manual_score
+            mine.extra_credit, mine.needs_manual_grade = (grade.extra_credit,
+                                                          grade.needs_manual_grade)
+        for comment in notebook.comments:
+            mine = gb.find_comment(comment.name, notebook.name, chapter, student)
+            mine.auto_comment, mine.manual_comment = comment.auto_comment, comment.manual_comment
+
+
+def _gpu_answers(gpu: str) -> bool:
+    """Whether GPU `gpu` still runs a kernel (after a worker on it was killed); True where
+    there is no GPU (interpreter mode)."""
+    probe = ("import torch\nok = not torch.cuda.is_available() or "
+             "float(torch.ones(4, device='cuda').sum()) == 4.0\nraise SystemExit(0 if ok else 1)")
+    try:
+        return subprocess.run([sys.executable, "-c", probe], timeout=120,
+                              env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu),
+                              capture_output=True).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force: bool,
+                      cell_timeout_s: int | None,
+                      say: Callable[[str], None] = print) -> list[ChapterRun]:
+    """Grade `plan` with a worker per GPU: each takes the next submission, grades it in a
+    process of its own pinned to its GPU (`task`), and takes the next; never two on one GPU.
+    A process that dies or runs past its limit costs the submission it was grading, which
+    scores 0 and is listed; a GPU that stops answering after that takes no more work. Then
+    `merge`."""
+    if len(set(gpus)) != len(gpus):
+        raise GraderError(f"GPUS names a GPU twice ({','.join(gpus)}): two workers would "
+                          "measure on the same GPU at once")
+    shutil.rmtree(course.grader_dir / TASKS, ignore_errors=True)  # an earlier run's leftovers
+    items = collections.deque((chapter, student) for chapter, names in plan.todo.items()
+                              for student in names)
+    lost: dict[tuple[str, str], str] = {}
+    lock = threading.Lock()
+    timeout = cell_timeout_s or configured_timeout(course)
+    start = time.perf_counter()
+    log = course.grader_dir / "logs" / "autograde_workers.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    say(f"grading {len(items)} submission(s) with {len(gpus)} worker(s), one per GPU "
+        f"({', '.join(gpus)}) ...")
+
+    def work(gpu: str) -> None:
+        folder = course.grader_dir / TASKS / f"gpu-{gpu}"
+        while True:
+            with lock:
+                if not items:
+                    return
+                chapter, student = items.popleft()
+            command = [sys.executable, str(course.grader_dir / "instructor.py"), "task",
+                       "--task-dir", str(folder), "--item", chapter, student,
+                       "--cell-timeout", str(timeout)] + (["--force"] if force else [])
+            limit = 2 * _verify_timeout(course, chapter, timeout)
+            with lock, open(log, "a") as handle:
+                handle.write(f"[gpu {gpu}] $ {' '.join(command)}\n")
+            process = subprocess.Popen(command, cwd=course.root, start_new_session=True,
+                                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu),
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True)
+            try:
+                out, _ = process.communicate(timeout=limit)
+                why = None if process.returncode == 0 else (
+                    f"its worker on GPU {gpu} ended with status {process.returncode}")
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                out, _ = process.communicate()
+                why = f"its worker on GPU {gpu} ran past {limit:.0f} s and was killed"
+            with lock, open(log, "a") as handle:
+                handle.write(out + "\n")
+                if why:
+                    lost[(chapter, student)] = why
+            if why and not _gpu_answers(gpu):
+                say(f"  GPU {gpu} no longer answers after {chapter}/{student}: its worker "
+                    "stops, the others take the rest")
+                return
+
+    workers = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in gpus]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    merged = merge(course, say)
+    seconds = time.perf_counter() - start
+    by_chapter: dict[str, list[dict]] = collections.defaultdict(list)
+    for r in merged:
+        by_chapter[r["chapter"]].append(r)
+    runs = []
+    for chapter, names in plan.todo.items():
+        done = [r["student"] for r in by_chapter[chapter]]
         for student in names:
-            if student in verdicts:
-                for line in verdict_lines(verdicts[student], student):
-                    say(line)
-            if student in flags:
-                say(flag_line(student, flags[student], str(shown)))
+            if student not in done:
+                _zero_grades(course, chapter, student)
+        graded = [r["student"] for r in by_chapter[chapter] if r["nbgrader"]]
+        verdicts = {st: current_verdict(course, chapter, st) for st in names}
+        runs.append(report_chapter(
+            course, plan, chapter, names,
+            Graded(graded, [st for st in names if st not in graded], verdicts, log),
+            seconds, say))
+        for student in names:
+            if (chapter, student) in lost:
+                say(f"  {student}: NOT GRADED: {lost[(chapter, student)]} (log: "
+                    f"{log.relative_to(course.root)})")
     return runs
 
 
@@ -995,6 +1286,27 @@ def build_parser() -> argparse.ArgumentParser:
                             help="regrade submissions already autograded")
     grade_step.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS",
                             help="time limit per cell (default: grader/nbgrader_config.py's)")
+    grade_step.add_argument("--gpus", default="", metavar="0,1,...",
+                            help="a worker per GPU, each pinned to its GPU (default: one run "
+                                 "on whatever GPU the environment gives)")
+    prepare_step = steps.add_parser("prepare", help="scan and register what a cluster's tasks "
+                                                    "will grade (before `task`)")
+    prepare_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
+    prepare_step.add_argument("--students", default="", help="comma-separated (default: all)")
+    task_step = steps.add_parser("task", help="grade a share of the submissions into a task "
+                                              "folder of its own (then `merge`)")
+    task_step.add_argument("--task-dir", type=Path, default=None,
+                           help="default: grader/tasks/share-K-of-N, or grader/tasks/item")
+    which = task_step.add_mutually_exclusive_group(required=True)
+    which.add_argument("--share", default=None, metavar="K/N",
+                       help="the K-th of N shares of the collected submissions (K from 0)")
+    which.add_argument("--item", nargs=2, metavar=("CHAPTER", "STUDENT"),
+                       help="one submission")
+    task_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
+    task_step.add_argument("--students", default="", help="comma-separated (default: all)")
+    task_step.add_argument("--force", action="store_true")
+    task_step.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS")
+    steps.add_parser("merge", help="the tasks' grades into the gradebook (grader/tasks/)")
     feedback_step = steps.add_parser("feedback", help="HTML feedback in grader/feedback/")
     feedback_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
     override_step = steps.add_parser(
@@ -1032,9 +1344,37 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
                 print(f"  {student}/{chapter}: {len(files)} file(s) left out: "
                       + ", ".join(files))
             return 0
+        if args.step == "prepare":
+            plan = prepare(course, _split(args.chapters), _split(args.students))
+            count = sum(len(names) for names in plan.todo.values())
+            print(f"ready: {count} submission(s) to grade; the chapters are in the gradebook")
+            return 0
+        if args.step == "task":
+            if args.item:
+                items = [tuple(args.item)]
+                folder = args.task_dir or course.grader_dir / TASKS / "item"
+            else:
+                index, _, count = args.share.partition("/")
+                if not (index.isdigit() and count.isdigit() and int(count) > 0):
+                    raise GraderError(f"--share takes K/N, as 3/10, not {args.share!r}")
+                plan = Plan(course_todo(course, _split(args.chapters), _split(args.students)),
+                            {}, "", True)
+                items = share(plan, int(index), int(count))
+                folder = args.task_dir or course.grader_dir / TASKS / f"share-{index}-of-{count}"
+            run_task(course, folder, items, force=args.force, cell_timeout_s=args.cell_timeout)
+            return 0
+        if args.step == "merge":
+            merged = merge(course)
+            missing = [(ch, st) for ch in course.chapters() for st in course.submissions(ch)
+                       if current_verdict(course, ch, st) is None]
+            for chapter, student in missing:
+                print(f"  {student}/{chapter}: NOT VERIFIED (no task graded it, or its task "
+                      "died): it scores 0 until graded")
+            return 0 if merged and not missing else 1
         if args.step == "autograde":
             runs = autograde(course, _split(args.chapters), _split(args.students),
-                             force=args.force, cell_timeout_s=args.cell_timeout)
+                             force=args.force, cell_timeout_s=args.cell_timeout,
+                             gpus=_split(args.gpus))
             scanned = {(r.chapter, s): found for r in runs for s, found in r.flags.items()}
             print("scores:\n" + summary(course, [r.chapter for r in runs], scanned))
             return 1 if any(r.failed for r in runs) else 0

@@ -81,11 +81,23 @@ def copy_course(root: Path, into: Path, chapters: tuple[str, ...]) -> Path:
         shutil.copytree(root / "solutions" / chapter, into / "solutions" / chapter,
                         ignore=ignore)
     (into / "grader").mkdir()
-    for name in ("nbgrader_config.py", "instructor.py"):
+    for name in ("nbgrader_config.py", "instructor.py", "slurm_autograde.sbatch"):
         shutil.copy2(root / "grader" / name, into / "grader" / name)
     (into / "scripts").mkdir()
     shutil.copy2(root / "scripts" / "release.py", into / "scripts" / "release.py")
     return into
+
+
+def course_for_make(root: Path, into: Path, chapters: tuple[str, ...]) -> Path:
+    """`copy_course`, released, with what `make` needs to run the instructor's steps there:
+    the Makefile, pyproject.toml and this checkout's .venv (already built)."""
+    course = copy_course(root, into, chapters)
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy2(root / name, course / name)
+    (course / ".venv").symlink_to(root / ".venv")
+    assert (root / ".venv" / ".installed").is_file(), "build .venv first (make test does)"
+    release(course)
+    return course
 
 
 def release(course_root: Path) -> None:
@@ -112,7 +124,8 @@ def write_inbox(course_root: Path, inbox: Path, submissions: list[Submission]) -
 # GPU", COURSE_GRADING=1), for every submission; on a GPU they measure the kernel.
 GPU_ONLY_CELLS = ("ex03_two_pass_bandwidth", "ex04_fused_bandwidth",
                   "ex05_add_rmsnorm_bandwidth", "ex06_layernorm_bandwidth",
-                  "ex07_backward_bandwidth", "ex08_tuned_rmsnorm_beats_compile")
+                  "ex07_backward_bandwidth", "ex07_layernorm_bandwidth",
+                  "ex08_tuned_rmsnorm_beats_compile")
 
 
 def gpu_only_cells_of(root: Path, chapter: str) -> set[str]:
@@ -451,3 +464,39 @@ CH04_CHEATS = [
     _cheat("reference", "calls the course's own reference kernel", CH04_REFERENCE_IMPORT,
            "kernel the course ships"),
 ]
+
+
+# ---------------------------------------------------------------- chapter 07
+# Mistakes in chapter 07's scaffolded exercises (tests/ch07_answers.py writes each as edits
+# of the source's answers; tests/test_backward_diagnoses.py tries each one cell by cell).
+# One submission carries three of them, in three exercises, for the verifier to grade
+# (tests/test_backward_diagnoses.py; tests/test_grader.py grades the correct chapter 07 end
+# to end). dX and dW are graded in cells of their own, and so are LayerNorm's dx, dW and dB,
+# so each mistake costs its own cell, plus the cells of exercises built on it (the
+# autograd.Function calls the RMSNorm backward). That is in interpreter mode: on a GPU the
+# autograd checks' inputs are short enough that the split rule gives every row a program of
+# its own, where a dW that is not accumulated is right (docs/benchmarks.md, the H100 run).
+CH07_AUTOGRAD = ("ex07_autograd_correct", "ex07_autograd_hidden", "ex07_autograd_gradcheck")
+CH07_MISTAKES = {"ln_without_mean_g": ("ex07_layernorm_dx",),
+                 "row_dots_no_loop": ("ex07_row_dots",),
+                 "dw_not_accumulated": ("ex07_backward_dw", *CH07_AUTOGRAD)}
+
+
+def ch07_submissions() -> list[Submission]:
+    """The correct chapter 07, and one with the mistakes of CH07_MISTAKES (its reason: the
+    first one's phrase, in the first cell it loses)."""
+    import ch07_answers  # it imports this module: looked up when first needed
+
+    edits: dict[str, list[tuple[str, str]]] = {}
+    for name in CH07_MISTAKES:
+        for grade_id, changes in ch07_answers.MISTAKES[name].edits.items():
+            edits.setdefault(grade_id, []).extend(changes)
+    answers = ch07_answers.answers(edits)
+    first = ch07_answers.MISTAKES[next(iter(CH07_MISTAKES))]
+    return [
+        Submission("correct", "ch07_backward"),
+        Submission("mistakes_a", "ch07_backward",
+                   "; ".join(ch07_answers.MISTAKES[n].what for n in CH07_MISTAKES),
+                   {grade_id: answers[grade_id] for grade_id in edits},
+                   tuple(g for lost in CH07_MISTAKES.values() for g in lost), first.phrase),
+    ]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from grader_submissions import (  # noqa: E402  (after the skips above)
     ROOT,
     TAMPERING,
     copy_course,
-    release,
+    course_for_make,
     write_inbox,
 )
 
@@ -73,15 +72,8 @@ def make(root: Path, *args: str) -> str:
 
 
 def make_course(where: Path) -> Path:
-    """A copy of the course as an instructor has it: the chapter's source, grader/, the
-    Makefile and pyproject.toml; its .venv is this checkout's (already built)."""
-    root = copy_course(ROOT, where / "course", (CHAPTER,))
-    for name in ("Makefile", "pyproject.toml"):
-        shutil.copy2(ROOT / name, root / name)
-    (root / ".venv").symlink_to(ROOT / ".venv")
-    assert (ROOT / ".venv" / ".installed").is_file(), "build .venv first (make test does)"
-    release(root)
-    return root
+    """A copy of the course as an instructor has it, ready for `make`."""
+    return course_for_make(ROOT, where / "course", (CHAPTER,))
 
 
 @pytest.fixture(scope="module")

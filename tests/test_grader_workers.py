@@ -1,0 +1,138 @@
+"""Grading a class in parallel: a worker per GPU on one node (`make autograde GPUS=0,1`),
+and shares on a cluster (grader/slurm_autograde.sbatch's array tasks, then `merge`), each
+giving the gradebook a one-worker run gives.
+
+The class: chapter 02's correct submission and its mistakes (one that raises, one that loops
+and is interrupted, one that ignores the interrupt and is killed), chapter 04's honest
+submission and two of its cheats. It is graded three times, in three copies of the course:
+one worker, two workers (GPUs "0" and "1": in interpreter mode the variable they set
+changes nothing else), and three Slurm array tasks run one after the other here (the same
+script sbatch would run, with Slurm's variables set by hand). Same points, cell by cell.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+from pathlib import Path
+
+from course import runtime
+
+import pytest
+
+pytest.importorskip("nbgrader.api", reason="the grader tests need nbgrader")
+
+from grader_submissions import (  # noqa: E402  (after the skip above)
+    CH04_CHEATS,
+    ROOT,
+    SHORT_LIMIT_SUBMISSIONS,
+    course_for_make,
+    write_inbox,
+)
+
+CELL_TIMEOUT_S = 10  # every legitimate cell of these chapters takes seconds in the interpreter
+CLASS = [s for s in SHORT_LIMIT_SUBMISSIONS if s.chapter == "ch02_roofline"] + \
+    [s for s in CH04_CHEATS if s.student in ("honest", "setattr")]
+CHAPTERS = ("ch02_roofline", "ch04_fused")
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(runtime.on_gpu(), reason="interpreter mode: on a GPU node "
+                                 "the same commands run with real GPUs (docs/benchmarks.md)")]
+
+
+def run(root: Path, *command: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(list(command), cwd=root, capture_output=True, text=True,
+                          timeout=1800, env=dict(os.environ, **(env or {})))
+    # autograde exits 1 when nbgrader could not finish a notebook (chapter 02's killed
+    # mistake), and make exits 2 when its recipe fails: both are expected here.
+    allowed = (0, 1, 2) if command[0] == "make" else (0, 1)
+    assert done.returncode in allowed, f"{' '.join(command)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def graded(where: Path, how: str) -> tuple[Path, str]:
+    """A copy of the course with the class collected, graded `how`; its root and what the
+    grading printed."""
+    root = course_for_make(ROOT, where / "course", CHAPTERS)
+    write_inbox(root, where / "inbox", CLASS)
+    run(root, "make", "-s", "collect", f"FROM={where / 'inbox'}")
+    limit = f"CELL_TIMEOUT={CELL_TIMEOUT_S}"
+    if how == "one":
+        printed = run(root, "make", "-s", "autograde", limit)
+    elif how == "two":
+        printed = run(root, "make", "-s", "autograde", limit, "GPUS=0,1")
+    else:
+        python = str(root / ".venv" / "bin" / "python")
+        printed = run(root, python, "grader/instructor.py", "prepare")
+        for index in range(3):
+            printed += run(root, "bash", "grader/slurm_autograde.sbatch",
+                           env={"SLURM_ARRAY_TASK_ID": str(index),
+                                "SLURM_ARRAY_TASK_COUNT": "3",
+                                "SLURM_SUBMIT_DIR": str(root),
+                                "CELL_TIMEOUT": str(CELL_TIMEOUT_S)})
+        printed += run(root, python, "grader/instructor.py", "merge")
+    printed += run(root, "make", "-s", "grades")
+    return root, printed
+
+
+def table(root: Path, name: str, columns: tuple[str, ...]) -> list[tuple[str, ...]]:
+    with open(root / "grader" / name, newline="") as handle:
+        return sorted(tuple(row[c] for c in columns) for row in csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    return {how: graded(tmp_path_factory.mktemp(how), how) for how in ("one", "two", "slurm")}
+
+
+@pytest.mark.parametrize("how", ["two", "slurm"])
+def test_parallel_grading_gives_the_grades_of_one_worker(runs, how):
+    one, other = runs["one"][0], runs[how][0]
+    # Collected at different moments, the copies differ in their timestamps, nothing else.
+    columns = ("assignment", "student_id", "raw_score", "score", "max_score")
+    assert table(other, "grades.csv", columns) == table(one, "grades.csv", columns)
+    cells = ("assignment", "student_id", "grade_id", "points", "status")
+    assert table(other, "grades_verdicts.csv", cells) == \
+        table(one, "grades_verdicts.csv", cells)
+    assert table(one, "grades.csv", ("student_id", "score"))  # not empty
+
+
+def test_the_class_is_graded_as_the_end_to_end_test_expects(runs):
+    got = {(r[0], r[1]): float(r[2]) for r in
+           table(runs["one"][0], "grades.csv", ("assignment", "student_id", "score"))}
+    assert got[("ch02_roofline", "correct")] == 6.0 and got[("ch04_fused", "honest")] == 6.0
+    for student in ("mistakes_b", "mistakes_c", "mistakes_d"):
+        assert got[("ch02_roofline", student)] == 0.0
+    assert got[("ch04_fused", "setattr")] == 0.0
+
+
+def test_two_workers_each_pinned_to_its_gpu(runs):
+    root, printed = runs["two"]
+    assert "with 2 worker(s), one per GPU (0, 1)" in printed
+    log = (root / "grader" / "logs" / "autograde_workers.log").read_text()
+    assert "[gpu 0] $" in log and "[gpu 1] $" in log
+    assert not (root / "grader" / "tasks").exists()  # merged, then removed
+
+
+def test_merge_names_a_submission_that_no_task_finished(tmp_path):
+    """A task that died before it graded a submission leaves no verdict for it: merge says
+    so, and exits 1, and the export scores it 0."""
+    root = course_for_make(ROOT, tmp_path / "course", ("ch02_roofline",))
+    write_inbox(root, tmp_path / "inbox", [s for s in CLASS if s.student == "correct"])
+    run(root, "make", "-s", "collect", f"FROM={tmp_path / 'inbox'}")
+    python = str(root / ".venv" / "bin" / "python")
+    run(root, python, "grader/instructor.py", "prepare")
+    done = subprocess.run([python, "grader/instructor.py", "merge"], cwd=root,
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "correct/ch02_roofline: NOT VERIFIED (no task graded it" in done.stdout
+
+
+def test_a_gpu_named_twice_is_refused(tmp_path):
+    root = course_for_make(ROOT, tmp_path / "course", ("ch02_roofline",))
+    write_inbox(root, tmp_path / "inbox", [s for s in CLASS if s.student == "correct"])
+    run(root, "make", "-s", "collect", f"FROM={tmp_path / 'inbox'}")
+    done = subprocess.run(["make", "-s", "autograde", "GPUS=0,0"], cwd=root,
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "names a GPU twice" in done.stderr
