@@ -26,6 +26,7 @@ __all__ = [
     "autograd_backward",
     "layernorm",
     "layernorm_backward",
+    "layernorm_backward_from_stats",
     "layernorm_stats",
     "rmsnorm",
     "rmsnorm_backward",
@@ -182,6 +183,32 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     dw = _sum_rows(dy64 * x_hat)
     db = _sum_rows(dy64)
     return dx, dw, db
+
+
+def layernorm_backward_from_stats(x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                                  rstd: torch.Tensor, dy: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`layernorm_backward` from the statistics a forward saved (mean and rstd per row,
+    shape x.shape[:-1], float32 as a kernel stores them), in float64: what a backward
+    kernel that reads them computes, without its rounding. Saved in float32, the mean of a
+    row whose mean dwarfs its spread is off by up to half a unit in its last place, and
+    every x - mean with it; this reference carries that shift, so that a kernel is judged
+    on what it does with the statistics it is given."""
+    _check_x(x)
+    _check_param(x, weight, "weight")
+    _check_same_shape(x, dy, "dy")
+    for name, stat in (("mean", mean), ("rstd", rstd)):
+        if not isinstance(stat, torch.Tensor) or stat.shape != x.shape[:-1]:
+            got = tuple(stat.shape) if isinstance(stat, torch.Tensor) else type(stat).__name__
+            raise ValueError(f"{name} must hold one value per row, shape "
+                             f"{tuple(x.shape[:-1])}; got {got}")
+    x64, w64, dy64 = x.to(F64), weight.to(F64), dy.to(F64)
+    rstd64 = rstd.to(F64).unsqueeze(-1)
+    x_hat = (x64 - mean.to(F64).unsqueeze(-1)) * rstd64
+    g = dy64 * w64
+    dx = rstd64 * (g - g.mean(dim=-1, keepdim=True)
+                   - x_hat * (x_hat * g).mean(dim=-1, keepdim=True))
+    return dx, _sum_rows(dy64 * x_hat), _sum_rows(dy64)
 
 
 # --------------------------------------------------------------------------- autograd

@@ -392,6 +392,42 @@ def ideal_backward_bytes(M: int, N: int, dtype: DTypeLike,
     return 3 * M * N * e + N * ew + params * N * ew
 
 
+# ---------------------------------------------------------------- the split size
+
+# The split-size model of chapter 07, in which each program of kernel 1 handles one row at
+# a time: the GPU streams at its full bandwidth once every SM has a program and about this
+# many elements of a row in flight. The course's tuned backward plans keep 8192 to 32768
+# elements per SM in flight (rows per tile x N x programs per SM, solutions/kernels/launch.py).
+ELEMENTS_IN_FLIGHT_PER_SM = 8192
+
+
+def split_time(M: int, N: int, programs: int, sms: int, dtype: DTypeLike = "bf16",
+               with_bias: bool = False) -> float:
+    """The split-size model's time for P = `programs`, in bytes at the full bandwidth:
+    the backward's bytes (the ideal, plus the float32 workspace written by kernel 1 and
+    read by kernel 2) over the fraction of the bandwidth P programs can draw,
+    min(1, P / sms, P * N / (ELEMENTS_IN_FLIGHT_PER_SM * sms)): every SM needs a program,
+    and the programs, one row each, need that many elements in flight. Not a prediction in
+    seconds: a way to compare splits of one shape."""
+    M, N = _positive_int(M, "M"), _positive_int(N, "N")
+    programs, sms = _positive_int(programs, "programs"), _positive_int(sms, "sms")
+    if programs > M:
+        raise ValueError(f"programs must be at most M = {M} (a program with no rows does "
+                         f"nothing), got {programs}")
+    sums = 2 if with_bias else 1
+    nbytes = ideal_backward_bytes(M, N, dtype, with_bias=with_bias) + 2 * sums * 4 * programs * N
+    needed = max(sms, ELEMENTS_IN_FLIGHT_PER_SM * sms / N)
+    return nbytes / min(1.0, programs / needed)
+
+
+def best_split(M: int, N: int, sms: int) -> int:
+    """The P that minimises `split_time`: the fewest programs that fill the GPU, one per SM
+    at least and P * N >= ELEMENTS_IN_FLIGHT_PER_SM * sms, at most M (fewer leave bandwidth
+    unused; more only add workspace bytes)."""
+    M, N, sms = _positive_int(M, "M"), _positive_int(N, "N"), _positive_int(sms, "sms")
+    return min(M, max(sms, math.ceil(ELEMENTS_IN_FLIGHT_PER_SM * sms / N)))
+
+
 # ---------------------------------------------------------------- roofline
 
 

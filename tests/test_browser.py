@@ -27,10 +27,11 @@ from playwright.sync_api import BrowserContext, Locator, Page, expect, sync_play
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
-CHAPTERS = ("ch02_roofline", "ch04_fused")
+CHAPTERS = ("ch02_roofline", "ch04_fused", "ch07_backward")
 RELEASE_CH04 = "notebooks/ch04_fused/ch04_fused.ipynb"
 SOURCE_CH04 = "solutions/ch04_fused/ch04_fused.ipynb"
 RELEASE_CH02 = "notebooks/ch02_roofline/ch02_roofline.ipynb"
+RELEASE_CH07 = "notebooks/ch07_backward/ch07_backward.ipynb"
 
 CHROMIUM = shutil.which("chromium")  # Debian's; Ubuntu's chromium-browser is a snap stub
 # Headless, no sandbox (root in a container), and nothing that calls out: the network may
@@ -247,10 +248,11 @@ def dropdown_choice(widget: Locator, label: str) -> str:
     return select.evaluate(SHOWN_CHOICE)
 
 
-def expected_lines(M: int, N: int, dtype: str, gpu: str) -> list[str]:
-    """What the calculator must show for fused_rmsnorm at this setting, from course.traffic
-    and course.hardware as the widget computes it (default options, weight in x's dtype)."""
-    variant = VARIANTS["fused_rmsnorm"]
+def expected_lines(M: int, N: int, dtype: str, gpu: str,
+                   name: str = "fused_rmsnorm") -> list[str]:
+    """What the calculator for `name` must show at this setting, from course.traffic and
+    course.hardware as the widget computes it (default options, weight in x's dtype)."""
+    variant = VARIANTS[name]
     model = variant.model(M, N, dtype, None, **variant.options)
     spec = hardware.lookup(gpu)
     return [f"{model.variant} at M = {M}, N = {N}: {format_bytes(model.bytes)} in "
@@ -360,3 +362,29 @@ def test_chapter_02_widgets_fit_a_small_screen(open_notebook, artifacts):
     calculator = calculator_cell.locator(".jp-OutputArea")
     expect(calculator).to_contain_text("measuring needs a GPU")
     assert_laid_out_and_save(calculator_cell, artifacts / "ch02-release-3-calculator.png")
+
+
+def test_chapter_07_layernorm_backward_calculator_follows_its_sliders(open_notebook, artifacts):
+    """The calculator for LayerNorm's backward (new with chapter 07's LayerNorm exercise):
+    its model's bytes, and a step of its N slider, on a small screen. It needs only the
+    chapter's set-up cells, not the kernels above it."""
+    page = open_notebook(RELEASE_CH07, viewport=NARROW_VIEWPORT)
+    for source in ("print(course.banner())", "from course import widgets"):
+        run_cell(page, cell_with(page, source))
+    calculator_cell = cell_with(page, 'widgets.traffic_calculator("layernorm_backward")')
+    run_cell(page, calculator_cell)
+    assert_no_tracebacks(page)
+    calculator = calculator_cell.locator(".jp-OutputArea")
+    expect(calculator).to_contain_text("LayerNorm backward (dX, dW, dB)")
+    dtype, gpu = dropdown_choice(calculator, "dtype"), dropdown_choice(calculator, "GPU")
+    M = int(slider(calculator, "M (rows)").locator(".widget-readout").inner_text())
+    N = int(slider(calculator, "N (row)").locator(".widget-readout").inner_text())
+    for line in expected_lines(M, N, dtype, gpu, "layernorm_backward"):
+        expect(calculator).to_contain_text(line)
+    assert_laid_out_and_save(calculator_cell, artifacts / "ch07-release-1-ln-calculator.png")
+
+    n_values = shape_values(MAX_N, N)
+    new_N = n_values[n_values.index(N) + 1]
+    move_slider(page, calculator, "N (row)", "ArrowRight", new_N)
+    for line in expected_lines(M, new_N, dtype, gpu, "layernorm_backward"):
+        expect(calculator).to_contain_text(line)

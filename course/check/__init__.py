@@ -12,7 +12,10 @@ One checker (or two) per chapter exercise:
     04  rmsnorm_forward(fn), rmsnorm_forward_bandwidth(fn)
     05  add_rmsnorm(fn), add_rmsnorm_bandwidth(fn)
     06  layernorm_forward(fn), layernorm_forward_bandwidth(fn)
-    07  rmsnorm_backward(fn), rmsnorm_backward_bandwidth(fn), rmsnorm_autograd(Function)
+    07  row_dots(fn), split_rule(fn), rmsnorm_backward(fn, only=...),
+        rmsnorm_backward_bandwidth(fn), layernorm_backward(fn, only=...),
+        layernorm_backward_bandwidth(fn), rmsnorm_autograd(Function),
+        rmsnorm_gradcheck(Function)
     08  beats_torch_compile(fn)                                          (GPU only)
 """
 
@@ -20,17 +23,21 @@ from course.check.add_rmsnorm import add_rmsnorm, add_rmsnorm_bandwidth
 from course.check.autograd import rmsnorm_autograd
 from course.check.backward import rmsnorm_backward, rmsnorm_backward_bandwidth
 from course.check.bandwidth import BandwidthResult, check_bandwidth
+from course.check.finite_differences import rmsnorm_gradcheck
 from course.check.lab import CompileComparison, beats_torch_compile
 from course.check.layernorm import layernorm_forward, layernorm_forward_bandwidth
+from course.check.layernorm_backward import layernorm_backward, layernorm_backward_bandwidth
 from course.check.report import Report
 from course.check.rmsnorm import rmsnorm_forward, rmsnorm_forward_bandwidth
 from course.check.roofline import roofline_functions
+from course.check.row_split import row_dots, split_rule
 from course.check.torch_reference import torch_rmsnorm
 from course.check.two_pass import ModelComparison, rmsnorm_two_pass, rmsnorm_two_pass_bandwidth
 
 __all__ = ["BandwidthResult", "CompileComparison", "ModelComparison", "Report",
            "add_rmsnorm", "add_rmsnorm_bandwidth", "beats_torch_compile", "check_bandwidth",
-           "layernorm_forward", "layernorm_forward_bandwidth", "rmsnorm_autograd",
-           "rmsnorm_backward", "rmsnorm_backward_bandwidth", "rmsnorm_forward",
-           "rmsnorm_forward_bandwidth", "rmsnorm_two_pass", "rmsnorm_two_pass_bandwidth",
-           "roofline_functions", "torch_rmsnorm"]
+           "layernorm_backward", "layernorm_backward_bandwidth", "layernorm_forward",
+           "layernorm_forward_bandwidth", "rmsnorm_autograd", "rmsnorm_backward",
+           "rmsnorm_backward_bandwidth", "rmsnorm_forward", "rmsnorm_forward_bandwidth",
+           "rmsnorm_gradcheck", "rmsnorm_two_pass", "rmsnorm_two_pass_bandwidth",
+           "roofline_functions", "row_dots", "split_rule", "torch_rmsnorm"]

@@ -383,7 +383,8 @@ def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
         if checked is not None:
             results.append(checked)
         else:
-            notes.append(why_not)
+            notes.append(why_not + " check.rmsnorm_gradcheck checks kernels that compute "
+                         "in float32 against finite differences in float32 instead.")
     else:  # it would only repeat what the failures above say
         notes.append("the float64 gradcheck runs once the cases above pass")
     notes += warning_notes(results)

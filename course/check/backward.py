@@ -8,20 +8,28 @@ partial row, and kernel 2 adds the partial rows up. No atomics, at most two laun
 dW's tolerance reflects that it is a sum over M rows: on top of the usual tolerance for
 its dtype, each column may be off by the float32 rounding of summing |dy * x_hat| over the
 rows (see `dw_sum_atol`).
+
+The chapter grades dx and dw in separate cells (`only="dx"`, `only="dw"`): each output's
+own mistakes cost that cell alone. The known wrong answers for a sum over rows (a partial
+row never added, a loop that keeps only its last row, padding rows of a tile summed, a
+workspace never cleared, a constant factor, the wrong sign) are built by `sum_suspects`,
+which chapter 07's LayerNorm checker uses for dW and dB too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, CallSpec, check_bandwidth
 from course.check.cases import Case
+from course.check.compare import TOLERANCES
 from course.check.inputs import guarded
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
-from course.check.runner import Exercise, Inputs, Suspect, Tensors
+from course.check.runner import CaseResult, Exercise, Inputs, Suspect, Tensors
 from course.check.suite import check_and_raise
 
 import torch
@@ -94,46 +102,277 @@ def _extra_atol(name: str, t: Tensors, case: Case) -> torch.Tensor | None:
     return dw_sum_atol(dw_terms(t)) if name == "dw" else None
 
 
+def padded_block(n: int) -> int:
+    """BLOCK_N = triton.next_power_of_2(n): what a mean divided by the block, not by N,
+    divides by."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def _rowwise(t: Tensors, case: Case, *, weight: bool = True, projection: bool = True,
-             mean: bool = True) -> torch.Tensor:
+             mean: bool = True, over_block: bool = False) -> torch.Tensor:
     """dx with one of the usual slips: no weight in g, no term through rstd, a row sum
-    where the row mean belongs."""
+    where the row mean belongs, a mean over the padded block (BLOCK_N lanes, not N)."""
     x64, dy64 = t["x"].to(F64), t["dy"].to(F64)
     rstd = reference.rmsnorm_rstd(x64, case.eps).unsqueeze(-1)
     x_hat = x64 * rstd
     g = dy64 * t["weight"].to(F64) if weight else dy64
     if not projection:
         return rstd * g
-    c = (x_hat * g).mean(dim=-1, keepdim=True) if mean else (x_hat * g).sum(dim=-1, keepdim=True)
+    c = (x_hat * g).sum(dim=-1, keepdim=True)
+    if over_block:
+        c = c / padded_block(case.n)
+    elif mean:
+        c = c / case.n
     return rstd * (g - x_hat * c)
 
 
-def _never_written(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
-    if bool(torch.isnan(got).all()):
-        return "dw is all NaN, memory that was never written"
-    if bool((got == 0).all()):
-        return "dw is all zeros"
+# --------------------------------------------------------------------------- sums over rows
+# dW (and LayerNorm's dB) is a column sum of per-element terms over every row. The wrong
+# answers below are the ways such a sum goes wrong; `sum_suspects` builds them for one
+# output from a function giving its terms, (M, N) float64.
+
+Terms = Callable[[Tensors, Case], torch.Tensor]
+
+
+def _wrong(result: CaseResult, output: str) -> bool:
+    return any(m.name == output for m in result.mismatches)
+
+
+def _compared(result: CaseResult) -> bool:
+    """The case ran, and its outputs were compared (no error, no unreadable output)."""
+    return result.error is None and bool(result.outputs) and not any(
+        f.kind in ("output_layout", "output_count") for f in result.findings)
+
+
+def _right_somewhere(output: str) -> Callable[[Sequence[CaseResult]], bool]:
+    def check(results: Sequence[CaseResult]) -> bool:
+        return any(_compared(r) and not _wrong(r, output) for r in results)
+    return check
+
+
+def _kernel_received(output: str) -> Callable[[Sequence[CaseResult]], bool]:
+    """Wrong in every case compared, and handed to a kernel in each (it was not left out
+    of the kernels altogether)."""
+    def check(results: Sequence[CaseResult]) -> bool:
+        compared = [r for r in results if _compared(r)]
+        never_passed = any(f.kind == "output_not_from_kernel" and f"`{output}`" in f.message
+                           for r in results for f in r.findings)
+        return bool(compared) and all(_wrong(r, output) for r in compared) and not never_passed
+    return check
+
+
+def _one_row_right(output: str) -> Callable[[Sequence[CaseResult]], bool]:
+    """Right where M = 1 (nothing to add up) and wrong wherever M > 1."""
+    def check(results: Sequence[CaseResult]) -> bool:
+        compared = [r for r in results if _compared(r)]
+        single = [r for r in compared if r.case.rows == 1]
+        several = [r for r in compared if r.case.rows > 1]
+        return (bool(single) and all(not _wrong(r, output) for r in single)
+                and bool(several) and all(_wrong(r, output) for r in several))
+    return check
+
+
+def _nan_where_finite(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    have = got.detach().to(F64)
+    if bool(torch.isnan(have).any()):
+        return f"{int(torch.isnan(have).sum())} of its {have.numel()} values are NaN"
     return None
 
 
-def _partial_rows(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
-    """dw equal to the sum over the first k rows only (or the last k), k < M: the partial
-    sums of one program, or of some programs, never added up with the others."""
-    terms = dw_terms(t)
-    m = terms.shape[0]
-    if m < 2:
+def _all_nan(name: str) -> Callable[[Tensors, Case, torch.Tensor], str | None]:
+    def matches(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+        if bool(torch.isnan(got).all()):
+            return f"{name} is all NaN"
         return None
-    prefix = terms.cumsum(dim=0)[:-1]                       # rows 0..k-1, k = 1..M-1
-    suffix = terms.flip(0).cumsum(dim=0)[:-1]               # rows M-k..M-1
+    return matches
+
+
+def _never_written(name: str) -> Callable[[Tensors, Case, torch.Tensor], str | None]:
+    def matches(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+        if bool(torch.isnan(got).all()):
+            return f"{name} is all NaN, memory that was never written"
+        if bool((got == 0).all()):
+            return f"{name} is all zeros"
+        return None
+    return matches
+
+
+def _sum_close(sums: torch.Tensor, got: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """Which rows of `sums` (candidate answers, one per row) `got` matches, generously: any
+    rounding passes, a row left out or added does not."""
     have = got.detach().to(F64).reshape(1, -1)
-    tol = 1e-2 * (terms.abs().sum(dim=0) + 1e-6)           # generous: any rounding passes
-    for label, sums in (("first", prefix), ("last", suffix)):
-        close = ((sums - have).abs() <= tol).all(dim=1)
-        if bool(close.any()):
-            k = int(close.nonzero()[0]) + 1
-            rows = f"0..{k - 1}" if label == "first" else f"{m - k}..{m - 1}"
-            return f"dw equals the sum over rows {rows} only, {k} of the {m} rows"
-    return None
+    tol = 1e-2 * (terms.abs().sum(dim=0) + 1e-6)
+    return ((sums - have).abs() <= tol).all(dim=1)
+
+
+def _partial_rows(name: str, terms_of: Terms) -> Callable:
+    """`name` equal to the sum over the first k rows only (or the last k), k < M: the
+    partial sums of one program, or of some programs, never added up with the others."""
+    def matches(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+        terms = terms_of(t, case)
+        m = terms.shape[0]
+        if m < 2:
+            return None
+        prefix = terms.cumsum(dim=0)[:-1]                       # rows 0..k-1, k = 1..M-1
+        suffix = terms.flip(0).cumsum(dim=0)[:-1]               # rows M-k..M-1
+        for label, sums in (("first", prefix), ("last", suffix)):
+            close = _sum_close(sums, got, terms)
+            if bool(close.any()):
+                k = int(close.nonzero()[0]) + 1
+                rows = f"0..{k - 1}" if label == "first" else f"{m - k}..{m - 1}"
+                return f"{name} equals the sum over rows {rows} only, {k} of the {m} rows"
+        return None
+    return matches
+
+
+def _one_row_per_block(name: str, terms_of: Terms) -> Callable:
+    """`name` equal to the sum of the last row of each block of k consecutive rows, 2 <= k:
+    each program's loop overwrote its accumulator (or stored it every iteration), so its
+    partial row holds its last row. Only the last: the first row of each block of two is
+    also what a kernel 2 that adds every other partial row gives when every program has
+    one row (P = M, as the split rule gives for short M on a GPU)."""
+    def matches(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+        terms = terms_of(t, case)
+        m = terms.shape[0]
+        if m < 2:
+            return None
+        for k in range(2, m + 1):
+            starts = torch.arange(0, m, k)
+            lasts = torch.clamp(starts + k, max=m) - 1
+            if bool(_sum_close(terms[lasts].sum(dim=0, keepdim=True), got, terms).all()):
+                return (f"{name} equals the sum of the last row of each block of {k} "
+                        f"rows ({len(lasts)} of the {m} rows)")
+        return None
+    return matches
+
+
+def _factor(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> float | None:
+    """c when got = c * want for one number c (not 1) in every element, within the rounding
+    of `dtype`; None otherwise."""
+    have, want = got.detach().to(F64).reshape(-1), want.to(F64).reshape(-1)
+    if not bool(torch.isfinite(have).all()):
+        return None
+    energy = float((want * want).sum())
+    if energy == 0.0 or float(want.abs().max()) < 1e-3:
+        return None
+    c = float((have * want).sum()) / energy
+    if c == 0.0 or abs(c - 1.0) < 1e-2:
+        return None
+    atol, rtol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    scale = float(want.abs().max())
+    if float((have - c * want).abs().max()) > 4 * (atol + rtol * abs(c) * scale) + \
+            1e-3 * abs(c) * scale:
+        return None
+    return c
+
+
+def _factor_names(c: float, case: Case) -> str:
+    """What a factor c may be, among the numbers of a case: N, M, a block size, 2."""
+    n, m = case.n, case.rows
+    block = padded_block(n)
+    named = []
+    for label, value in (("N, the row's length", n), ("M, the number of rows", m),
+                         ("BLOCK_N = next_power_of_2(N)", block), ("2", 2)):
+        for power, form in ((1, "{}"), (-1, "1 / ({})")):
+            target = value ** power
+            if value > 1 and abs(c / target - 1) < 1e-3:
+                named.append(form.format(label))
+    if named:
+        return " = " + " or ".join(named)
+    return ""
+
+
+def constant_factor(name: str, want_of: Callable[[Tensors, Case], torch.Tensor],
+                     sign: int | None = None) -> Callable:
+    """`name` equal to the right answer times one number c (c = -1 when sign = -1; any other
+    c, named where it is N, M, a block size or 2, when sign is None)."""
+    def matches(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+        c = _factor(got, want_of(t, case), got.dtype)
+        if c is None:
+            return None
+        if sign == -1:
+            return f"{name} is minus the right value" if abs(c + 1) < 1e-2 else None
+        if abs(c + 1) < 1e-2:
+            return None
+        return (f"every element of {name} is the right value times {c:.6g}"
+                f"{_factor_names(c, case)} (here M = {case.rows}, N = {case.n})")
+    return matches
+
+
+def _rows_not_summed(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    return "" if case.rows > 1 else None
+
+
+def sum_suspects(output: str, terms_of: Terms, *, what: str, zero_acc: str,
+                 workspace: str) -> tuple[Suspect, ...]:
+    """The known wrong answers of an output that is the sum over every row of per-element
+    `terms_of(inputs, case)` (an (M, N) float64 tensor): dw = sum of dy * x_hat, db = sum
+    of dy. `what` names the terms in messages ("dy * x_hat"); `zero_acc` is the
+    accumulator's line (dw_acc = tl.zeros(...)); `workspace` the partial rows' name."""
+    def want_of(t: Tensors, case: Case) -> torch.Tensor:
+        return terms_of(t, case).sum(dim=0)
+
+    upper = {"dw": "dW", "db": "dB"}.get(output, output)  # as the chapter writes them
+    return (
+        Suspect(f"{output}_padded_partials", output,
+                f"{output} is NaN in some cases and right in others: kernel 2 adds up rows "
+                f"past the P partial rows of the {workspace}. Its tile has BLOCK_P = "
+                f"next_power_of_2(P) rows; when P is not a power of two, BLOCK_P - P of them "
+                f"are padding, and a tile loaded without a row mask reads whatever memory "
+                f"lies past the {workspace} there (here NaN, the checker's poison; on a GPU, "
+                f"other data or a fault). Mask the tile's rows as well as its columns: "
+                f"mask = (rows < n_partials)[:, None] & (cols < n_cols)[None, :], with "
+                f"other=0.0, so that the padding adds nothing.",
+                matches=_nan_where_finite, across=_right_somewhere(output)),
+        Suspect(f"{output}_workspace_not_cleared", output,
+                f"{output} is NaN in every case although your kernels received it: what "
+                f"they added up was never written. Most likely the {workspace} was never "
+                f"cleared: kernel 1 adds into partial rows (load, add, store) that nothing "
+                f"set to zero first. torch.empty hands back whatever the memory held (here "
+                f"NaN, the checker's poison; on a GPU, the previous call's sums or garbage). "
+                f"Keep each program's running sum in registers ({zero_acc} before the loop) "
+                f"and store it once after the loop, or allocate the {workspace} with "
+                f"torch.zeros. (If not that: kernel 1 never stores its partial row, or "
+                f"kernel 2 never stores {output}.)",
+                matches=_all_nan(output), across=_kernel_received(output)),
+        Suspect(f"{output}_never_computed", output,
+                f"{upper} is never computed: {output} = sum over rows of {what}. Let kernel 1 "
+                f"accumulate each program's rows into a float32 partial row, and kernel 2 "
+                f"add the partial rows into {output}.", matches=_never_written(output)),
+        Suspect(f"{output}_partial_rows", output,
+                f"{upper} holds the sum of only some rows: the partial sums of the programs "
+                f"of kernel 1 are not all added up. Write one float32 partial row per program "
+                f"(partial[pid, :]), then launch a second kernel in which each program sums "
+                f"one block of columns over all the partial rows and stores {output}.",
+                matches=_partial_rows(output, terms_of)),
+        Suspect(f"{output}_one_row_per_block", output,
+                f"{upper} is not summed over the rows of each program: each partial row holds "
+                f"one row's {what}, not the sum over the program's block of rows. Accumulate "
+                f"inside the loop ({output}_acc += ..., not =), from {zero_acc} set once "
+                f"before the loop, and store the partial row after the loop ends.",
+                matches=_one_row_per_block(output, terms_of)),
+        Suspect(f"{output}_wrong_sign", output,
+                f"{upper} has the wrong sign: {output} = + sum over rows of {what}.",
+                matches=constant_factor(output, want_of, sign=-1)),
+        Suspect(f"{output}constant_factor", output,
+                f"{upper} is off by a constant factor: every element is the right value "
+                f"times the same number (below). {upper} = sum over rows of {what}, with "
+                f"nothing divided or multiplied after the sum: look for a count (N, M, the "
+                f"number of programs P, rows per program, a block size) that multiplies or "
+                f"divides the sum, in kernel 1's accumulation or in kernel 2.",
+                matches=constant_factor(output, want_of)),
+        Suspect(f"{output}_rows_not_summed", output,
+                f"{upper} is right only where there is one row (M = 1) and wrong wherever "
+                f"there are several: it is not summed over all the rows. dW sums down the "
+                f"columns, over every row of every program: each program adds its rows into "
+                f"a float32 partial row ({output}_acc += ... in the loop), and kernel 2 adds "
+                f"all P partial rows up.",
+                matches=_rows_not_summed, across=_one_row_right(output)),
+    )
+
+
+def _dx(t: Tensors, case: Case) -> torch.Tensor:
+    return _expected(t, case)[0]
 
 
 SUSPECTS = (
@@ -151,21 +390,30 @@ SUSPECTS = (
             "dx uses the row sum of x_hat * g where its mean belongs: divide that sum by N, "
             "dx = rstd * (g - x_hat * sum(x_hat * g) / N).",
             expected=lambda t, c: _rowwise(t, c, mean=False)),
+    Suspect("dx_mean_over_block", "dx",
+            "dx is right where N is a power of two and wrong elsewhere: c is divided by "
+            "BLOCK_N, the padded block, where the mean over the row's N elements belongs. "
+            "The lanes past N add 0 to the sum, but they must not count: "
+            "c = tl.sum(x_hat * g, axis=0) / n_cols.",
+            expected=lambda t, c: _rowwise(t, c, over_block=True)),
     Suspect("dx_without_weight", "dx",
             "dx leaves out the weight: the gradient reaching x_hat is g = weight * dy, in "
             "both places it appears, dx = rstd * (g - x_hat * mean(x_hat * g)).",
             expected=lambda t, c: _rowwise(t, c, weight=False)),
-    Suspect("dw_never_computed", "dw",
-            "dW is never computed: dw = sum over rows of dy * x_hat (x_hat = x * rstd). Let "
-            "kernel 1 accumulate each program's rows into a float32 partial row, and kernel 2 "
-            "add the partial rows into dw.", matches=_never_written),
-    Suspect("dw_partial_rows", "dw",
-            "dW holds the sum of only some rows: the partial sums of the programs of kernel 1 "
-            "are not all added up. Write one float32 partial row per program "
-            "(partial[pid, :]), then launch a second kernel in which each program sums one "
-            "block of columns over all the partial rows and stores dw.",
-            matches=_partial_rows),
+    Suspect("dx_wrong_sign", "dx",
+            "dx has the wrong sign: dx = rstd * (g - x_hat * c), with c = mean(x_hat * g), "
+            "g = weight * dy and x_hat = x * rstd.",
+            matches=constant_factor("dx", _dx, sign=-1)),
+    Suspect("dx_constant_factor", "dx",
+            "dx is off by a constant factor: every element is the right value times the "
+            "same number (below). dx = rstd * (g - x_hat * c): rstd once, and c = "
+            "sum(x_hat * g) / N divided by N alone, nothing else.",
+            matches=constant_factor("dx", _dx)),
+    *sum_suspects("dw", lambda t, c: dw_terms(t), what="dy * x_hat",
+                  zero_acc="dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)",
+                  workspace="workspace"),
 )
+
 
 RMSNORM_BACKWARD = Exercise(
     name="rmsnorm_backward",
@@ -204,11 +452,31 @@ RMSNORM_BACKWARD = Exercise(
 )
 
 
+def graded_part(exercise: Exercise, only: str | Sequence[str] | None) -> Exercise:
+    """`exercise` grading only the outputs `only` names (all of them for None): the
+    others are neither compared nor traced to a kernel, and a rule that concerns only
+    them (no atomics: a rule for the sums) is left to their own check."""
+    if only is None:
+        return exercise
+    names = (only,) if isinstance(only, str) else tuple(only)
+    unknown = [n for n in names if n not in exercise.output_names]
+    if unknown or not names:
+        raise ValueError(f"only= takes {' or '.join(map(repr, exercise.output_names))} "
+                         f"(or several of them), not {only!r}")
+    sums = {n for n in exercise.output_names if n != "dx"}
+    return dataclasses.replace(
+        exercise, name=f"{exercise.name} ({', '.join(names)})", graded=names,
+        atomics_allowed=exercise.atomics_allowed or not (sums & set(names)),
+        suspects=tuple(s for s in exercise.suspects if s.output in names))
+
+
 @learner_facing
-def rmsnorm_backward(fn: Callable, *, seed: int | None = None, quiet: bool = False) -> Report:
+def rmsnorm_backward(fn: Callable, *, seed: int | None = None, quiet: bool = False,
+                     only: str | None = None) -> Report:
     """Check a learner's `rmsnorm_backward(x, weight, rstd, dy) -> (dx, dw)` against
-    `course.reference.rmsnorm_backward`; raise AssertionError with advice on failure."""
-    return check_and_raise(RMSNORM_BACKWARD, fn, seed=seed, quiet=quiet)
+    `course.reference.rmsnorm_backward`; raise AssertionError with advice on failure.
+    `only="dx"` or `only="dw"` grades that output alone (chapter 07's separate cells)."""
+    return check_and_raise(graded_part(RMSNORM_BACKWARD, only), fn, seed=seed, quiet=quiet)
 
 
 @learner_facing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,10 @@ class Suspect:
     advice: str
     expected: Callable[[Tensors, Case], torch.Tensor | None] | None = None
     matches: Callable[[Tensors, Case, torch.Tensor], str | None] | None = None
+    # A condition on the results of every case that must hold too (the pattern across
+    # cases: "M = 1 passes", "some cases right"), for wrong answers one case cannot tell
+    # apart from another suspect's.
+    across: Callable[[Sequence[CaseResult]], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,13 @@ class Exercise:
     row_scale_tolerances: Mapping[torch.dtype, float] = field(default_factory=dict)
     # Exercise-specific findings read from what the call did (the ops it ran, say).
     inspect: Callable[[sandbox.CallRecord, Case], list[Finding]] | None = None
+    # The outputs this check grades, when it grades only some of what the function returns
+    # (chapter 07 grades dx and dw in separate cells): the others are neither compared nor
+    # traced to a kernel. None: all of them.
+    graded: tuple[str, ...] | None = None
+
+    def is_graded(self, name: str) -> bool:
+        return self.graded is None or name in self.graded
 
     def output_dtypes(self, case: Case) -> tuple[torch.dtype, ...]:
         if self.dtypes is not None:
@@ -308,13 +319,18 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator 
     if exercise.inspect is not None:
         findings += exercise.inspect(record, case)
     if not exercise.torch_ops_allowed:  # computing with torch is the plain-PyTorch exercise
-        findings += provenance_findings(record, exercise.output_names, outputs)
+        graded = [(n, o) for n, o in zip(exercise.output_names, outputs, strict=True)
+                  if exercise.is_graded(n)]
+        findings += provenance_findings(record, tuple(n for n, _ in graded),
+                                        tuple(o for _, o in graded))
 
     expected = exercise.expected(originals, case)
     mismatches = []
     comparable = {}
     for name, got, want, dtype in zip(exercise.output_names, outputs, expected,
                                       exercise.output_dtypes(case), strict=True):
+        if not exercise.is_graded(name):
+            continue
         problem = exercise.layout_problem(name, got, want, dtype)
         if problem is not None:
             findings.append(Finding("output_layout", problem, name))

@@ -166,7 +166,7 @@ VARIANTS: dict[str, Variant] = {
         "RMSNorm backward (dX, dW)", traffic.rmsnorm_backward, {"partial_rows": None},
         _ideal_rmsnorm_backward, "rmsnorm_backward(x, weight, rstd, dy)",
         _rmsnorm_backward_args),
-    # No exercise writes a LayerNorm backward; this is the reference kernel's signature.
+    # Chapter 07's LayerNorm exercise and the reference kernel share this signature.
     "layernorm_backward": Variant(
         "LayerNorm backward (dX, dW, dB)", traffic.layernorm_backward, {"partial_rows": None},
         _ideal_layernorm_backward, "layernorm_backward(x, weight, mean, rstd, dy)",
