@@ -661,25 +661,31 @@ def read_results(task_dir: Path) -> list[dict]:
 def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *,
              force: bool = False, cell_timeout_s: int | None = None,
              say: Callable[[str], None] = print) -> list[dict]:
-    """Grade `items` ((chapter, student) pairs) one at a time into the task at `task_dir`:
-    nbgrader, then the verifier. After each, the task's results say what it did, so a task
-    that dies keeps what it finished."""
+    """Grade `items` ((chapter, student) pairs) into the task at `task_dir`, a chapter at a
+    time: nbgrader (a call per student), then one verifier for the chapter's students (its
+    start-up, the copy bandwidth and the compiled kernels, paid once). After each chapter,
+    the task's results say what it did, so a task that dies keeps what it finished."""
     task = task_course(course, task_dir)
     stamp = code_stamp(course)
     results = read_results(task_dir)
+    by_chapter: dict[str, list[str]] = {}
     for chapter, student in items:
-        done = grade_chapter(task, chapter, [student], force=force,
+        by_chapter.setdefault(chapter, []).append(student)
+    for chapter, students in by_chapter.items():
+        done = grade_chapter(task, chapter, students, force=force,
                              cell_timeout_s=cell_timeout_s, per_student=True, stamp=stamp)
-        results = [r for r in results if (r["chapter"], r["student"]) != (chapter, student)]
-        results.append({"chapter": chapter, "student": student,
-                        "nbgrader": student in done.graded})
+        results = [r for r in results if not (r["chapter"] == chapter
+                                              and r["student"] in students)]
+        results += [{"chapter": chapter, "student": student,
+                     "nbgrader": student in done.graded} for student in students]
         partial = task_dir / (TASK_RESULTS + ".partial")
         partial.write_text(json.dumps(results, indent=1))
         os.replace(partial, task_dir / TASK_RESULTS)
-        say(f"{chapter}/{student}: " + ("graded" if student in done.graded else
-                                        "NOT GRADED by nbgrader")
-            + "; " + "; ".join(line.strip() for line in
-                               verdict_lines(done.verdicts[student], student)))
+        for student in students:
+            say(f"{chapter}/{student}: " + ("graded" if student in done.graded else
+                                            "NOT GRADED by nbgrader")
+                + "; " + "; ".join(line.strip() for line in
+                                   verdict_lines(done.verdicts[student], student)))
     return results
 
 
@@ -763,24 +769,26 @@ def _gpu_answers(gpu: str) -> bool:
 def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force: bool,
                       cell_timeout_s: int | None,
                       say: Callable[[str], None] = print) -> list[ChapterRun]:
-    """Grade `plan` with a worker per GPU: each takes the next submission, grades it in a
-    process of its own pinned to its GPU (`task`), and takes the next; never two on one GPU.
-    A process that dies or runs past its limit costs the submission it was grading, which
-    scores 0 and is listed; a GPU that stops answering after that takes no more work. Then
-    `merge`."""
+    """Grade `plan` with a worker per GPU, never two on one GPU. Each chapter's submissions
+    are split into a batch per GPU; a worker takes the next batch and grades it in a process
+    of its own pinned to its GPU (`task`: one verifier start-up per batch, not per
+    submission). A batch whose process dies or runs past its limit goes back in the queue
+    as single submissions, less those it finished; a single one that fails again scores 0
+    and is listed. A GPU that stops answering takes no more work. Then `merge`."""
     if len(set(gpus)) != len(gpus):
         raise GraderError(f"GPUS names a GPU twice ({','.join(gpus)}): two workers would "
                           "measure on the same GPU at once")
     shutil.rmtree(course.grader_dir / TASKS, ignore_errors=True)  # an earlier run's leftovers
-    items = collections.deque((chapter, student) for chapter, names in plan.todo.items()
-                              for student in names)
+    items = collections.deque((chapter, names[k::len(gpus)]) for chapter, names in
+                              plan.todo.items() for k in range(min(len(gpus), len(names))))
     lost: dict[tuple[str, str], str] = {}
     lock = threading.Lock()
     timeout = cell_timeout_s or configured_timeout(course)
     start = time.perf_counter()
     log = course.grader_dir / "logs" / "autograde_workers.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    say(f"grading {len(items)} submission(s) with {len(gpus)} worker(s), one per GPU "
+    say(f"grading {sum(len(b) for _, b in items)} submission(s) with {len(gpus)} "
+        f"worker(s), one per GPU "
         f"({', '.join(gpus)}) ...")
 
     def work(gpu: str) -> None:
@@ -789,11 +797,11 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
             with lock:
                 if not items:
                     return
-                chapter, student = items.popleft()
+                chapter, students = items.popleft()
             command = [sys.executable, str(course.grader_dir / "instructor.py"), "task",
-                       "--task-dir", str(folder), "--item", chapter, student,
+                       "--task-dir", str(folder), "--item", chapter, *students,
                        "--cell-timeout", str(timeout)] + (["--force"] if force else [])
-            limit = 2 * _verify_timeout(course, chapter, timeout)
+            limit = 2 * len(students) * _verify_timeout(course, chapter, timeout)
             with lock, open(log, "a") as handle:
                 handle.write(f"[gpu {gpu}] $ {' '.join(command)}\n")
             process = subprocess.Popen(command, cwd=course.root, start_new_session=True,
@@ -808,13 +816,17 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
                 os.killpg(process.pid, signal.SIGKILL)
                 out, _ = process.communicate()
                 why = f"its worker on GPU {gpu} ran past {limit:.0f} s and was killed"
+            finished = {r["student"] for r in read_results(folder) if r["chapter"] == chapter}
             with lock, open(log, "a") as handle:
                 handle.write(out + "\n")
-                if why:
-                    lost[(chapter, student)] = why
+                left = [st for st in students if st not in finished]
+                if why and len(students) > 1:  # again one at a time: one costs only itself
+                    items.extend((chapter, [st]) for st in left)
+                elif why:
+                    lost.update({(chapter, st): why for st in left})
             if why and not _gpu_answers(gpu):
-                say(f"  GPU {gpu} no longer answers after {chapter}/{student}: its worker "
-                    "stops, the others take the rest")
+                say(f"  GPU {gpu} no longer answers after {chapter}/{','.join(students)}: "
+                    "its worker stops, the others take the rest")
                 return
 
     workers = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in gpus]
@@ -1300,8 +1312,8 @@ def build_parser() -> argparse.ArgumentParser:
     which = task_step.add_mutually_exclusive_group(required=True)
     which.add_argument("--share", default=None, metavar="K/N",
                        help="the K-th of N shares of the collected submissions (K from 0)")
-    which.add_argument("--item", nargs=2, metavar=("CHAPTER", "STUDENT"),
-                       help="one submission")
+    which.add_argument("--item", nargs="+", metavar="CHAPTER STUDENT",
+                       help="a chapter and one or more of its students")
     task_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
     task_step.add_argument("--students", default="", help="comma-separated (default: all)")
     task_step.add_argument("--force", action="store_true")
@@ -1351,7 +1363,9 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
             return 0
         if args.step == "task":
             if args.item:
-                items = [tuple(args.item)]
+                if len(args.item) < 2:
+                    raise GraderError("--item takes a chapter and at least one student")
+                items = [(args.item[0], student) for student in args.item[1:]]
                 folder = args.task_dir or course.grader_dir / TASKS / "item"
             else:
                 index, _, count = args.share.partition("/")
