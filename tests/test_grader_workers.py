@@ -2,12 +2,14 @@
 and shares on a cluster (grader/slurm_autograde.sbatch's array tasks, then `merge`), each
 giving the gradebook a one-worker run gives.
 
-The class: chapter 02's correct submission and its mistakes (one that raises, one that loops
-and is interrupted, one that ignores the interrupt and is killed), chapter 04's honest
-submission and two of its cheats. It is graded three times, in three copies of the course:
-one worker, two workers (GPUs "0" and "1": in interpreter mode the variable they set
-changes nothing else), and three Slurm array tasks run one after the other here (the same
-script sbatch would run, with Slurm's variables set by hand). Same points, cell by cell.
+The class: chapter 02's correct submission and two of its mistakes (one that raises, one
+that ignores the interrupt and is killed), and chapter 04's setattr cheat (checkers replaced:
+tampering, scored 0 by the verifier); tests/test_grader.py grades the whole class of
+mistakes once. This one is small, for it is graded three times, in three copies of the
+course: one worker, two workers (GPUs "0" and "1": in interpreter mode the variable they
+set changes nothing else), and three Slurm array tasks run one after the other here (the
+same script sbatch would run, with Slurm's variables set by hand). Same points, cell by
+cell.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from grader_submissions import (  # noqa: E402  (after the skip above)
 )
 
 CELL_TIMEOUT_S = 10  # every legitimate cell of these chapters takes seconds in the interpreter
-CLASS = [s for s in SHORT_LIMIT_SUBMISSIONS if s.chapter == "ch02_roofline"] + \
-    [s for s in CH04_CHEATS if s.student in ("honest", "setattr")]
+CLASS = [s for s in SHORT_LIMIT_SUBMISSIONS if s.chapter == "ch02_roofline"
+         and s.student in ("correct", "mistakes_b", "mistakes_d")] + \
+    [s for s in CH04_CHEATS if s.student == "setattr"]
 CHAPTERS = ("ch02_roofline", "ch04_fused")
 
 pytestmark = [pytest.mark.slow,
@@ -101,8 +104,8 @@ def test_parallel_grading_gives_the_grades_of_one_worker(runs, how):
 def test_the_class_is_graded_as_the_end_to_end_test_expects(runs):
     got = {(r[0], r[1]): float(r[2]) for r in
            table(runs["one"][0], "grades.csv", ("assignment", "student_id", "score"))}
-    assert got[("ch02_roofline", "correct")] == 6.0 and got[("ch04_fused", "honest")] == 6.0
-    for student in ("mistakes_b", "mistakes_c", "mistakes_d"):
+    assert got[("ch02_roofline", "correct")] == 6.0
+    for student in ("mistakes_b", "mistakes_d"):
         assert got[("ch02_roofline", student)] == 0.0
     assert got[("ch04_fused", "setattr")] == 0.0
 
