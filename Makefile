@@ -24,12 +24,13 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --port=$(PORT) --notebook-dir=notebooks $(LAB_ARGS)
 
 # The suite runs on TEST_WORKERS processes, a test file each at a time (the grader's
-# end-to-end tests alone take minutes on one core).
+# end-to-end tests alone take minutes on one core), longest files first
+# (tests/conftest.py orders them; xdist would otherwise put files with many tests first).
 TEST_WORKERS ?= 2
 
 test: $(STAMP) browser
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # tests/test_browser.py drives Debian's Chromium through Playwright (never `playwright
 # install`: it downloads a browser). Installed here where apt-get can run as root; anywhere

@@ -11,7 +11,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as rmsnorm_variants
 
 
+# The files that take minutes, longest first. `make test` hands whole files to its workers
+# in collection order, so these go first: started last, one of them alone would keep a
+# worker busy long after the other ran out of files.
+LONG_FILES = ("test_grader.py", "test_grader_workers.py", "test_grader_trust.py",
+              "test_backward_diagnoses.py", "test_notebooks.py", "test_verify.py",
+              "test_learner_distribution.py", "test_grade_cli.py", "test_browser.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable
     if runtime.on_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_suite.py runs it on one)")
