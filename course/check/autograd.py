@@ -349,6 +349,15 @@ def _gradcheck(function_class: type, gen: torch.Generator) -> tuple[CaseResult |
                       warnings=tuple(dict.fromkeys([*warned, *record.warnings]))), ""
 
 
+def require_function_class(function_class: object, checker: str) -> None:
+    """TypeError unless `function_class` is a torch.autograd.Function subclass itself."""
+    if not (isinstance(function_class, type)
+            and issubclass(function_class, torch.autograd.Function)):
+        raise TypeError(f"pass your class itself, e.g. {checker}(RMSNormFunction): a "
+                        "subclass of torch.autograd.Function, not "
+                        f"{type(function_class).__name__}")
+
+
 @learner_facing
 def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
                      quiet: bool = False) -> Report:
@@ -357,11 +366,7 @@ def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
     the number of values backward returns, gradients only where inputs require them, and
     a float64 gradcheck where the kernels support float64. Raise AssertionError with advice
     on failure; return the report (printed unless quiet)."""
-    if not (isinstance(function_class, type)
-            and issubclass(function_class, torch.autograd.Function)):
-        raise TypeError("pass your class itself, e.g. rmsnorm_autograd(RMSNormFunction): a "
-                        "subclass of torch.autograd.Function, not "
-                        f"{type(function_class).__name__}")
+    require_function_class(function_class, "rmsnorm_autograd")
     seed = fresh_seed() if seed is None else int(seed)
     results = []
     for index, spec in enumerate(_CASES):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from course import runtime
 from course.check import sandbox
-from course.check.autograd import _launch_and_op_findings
+from course.check.autograd import _launch_and_op_findings, require_function_class
 from course.check.cases import Case
 from course.check.diagnose import advise
 from course.check.learner_facing import learner_facing
@@ -185,11 +185,7 @@ def rmsnorm_gradcheck(function_class: type, *, seed: int | None = None,
     and in the weight, and along x itself, the change of sum(y * dy) over a central step of
     h = STEP must match what the gradients from backward predict, within the rounding the
     module's text derives. Raise AssertionError with advice on failure."""
-    if not (isinstance(function_class, type)
-            and issubclass(function_class, torch.autograd.Function)):
-        raise TypeError("pass your class itself, e.g. rmsnorm_gradcheck(RMSNormFunction): a "
-                        "subclass of torch.autograd.Function, not "
-                        f"{type(function_class).__name__}")
+    require_function_class(function_class, "rmsnorm_gradcheck")
     seed = fresh_seed() if seed is None else int(seed)
     results: list[CaseResult] = []
     for index, shape in enumerate(SHAPES):
