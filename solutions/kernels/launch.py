@@ -17,6 +17,34 @@ in docs/benchmarks.md). Three forward paths:
          their partial sums through global memory before reading their columns again (GPU
          only: the interpreter runs programs one after another, so a program waiting for
          its siblings would wait forever; there the loop path runs instead).
+
+The backward has the same three and a fourth, pieces (16-bit rows between two powers of
+two, held as half the block and the power of two that covers the rest).
+
+Reading guide. A plan is data: `ForwardPlan` and `BackwardPlan` below (read their fields
+first; rmsnorm.py's module docstring lists the kernel flag each one sets). Two functions
+make them, each a chain of rules tried in order, the first that applies winning:
+
+    forward_plan(M, N, device, element_size, residual, layernorm)
+      1. rows shorter than their power-of-two block       PARTIAL_BLOCK(_FLOAT32)
+      2. rows measured faster a program each, loop path   ONE_ROW_LOOP(_FLOAT32)
+      3. rows of 256 columns or fewer, no rule of their own   persistent programs,
+                                                          PERSISTENT_PER_SM an SM, prefetch
+      4. rows that fit registers (MAX_REGISTER_BLOCK)     ROWS_PATH, STREAMED_ROWS,
+                                                          WEIGHT_AFTER_ROWS, *_FLOAT32
+      5. the fused add's long rows                        residual_split_plan, else loop
+      6. longer rows                                      loop, or split where it pays
+    backward_plan(M, N, device, dtype, layernorm)
+      1. 16-bit rows between two powers of two            pieces_plan (*_BACKWARD_PIECES)
+      2. RMSNorm's rows in a block of 16384               rows, one program an SM, reload
+      3. swept short and middle rows                      RMS_BACKWARD_ROWS, LN_BACKWARD_ROWS
+      4. other rows that fit registers                    a general rows rule
+      5. longer rows                                      split (RMS_BACKWARD_SPLIT), else loop
+
+Read the two functions top to bottom, and a table only when a rule sends you to it: each
+table's comment holds the measurements that chose it (docs/benchmarks.md has the sweeps).
+`multiprocessors` is where a plan learns the GPU (PLANNING_SMS where there is none), and
+`stated_multiple_of` the MULTIPLE every kernel takes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LayerNorm, forward and backward.
+"""LayerNorm, forward and backward: the tuned kernels.
 
     y = (x - mean) * rstd * w + b,   rstd = 1 / sqrt(var + eps),   var biased (divided by N)
 
@@ -18,6 +18,32 @@ cancel, and the 15 left are more than a 16-bit output keeps (rows kernel, below)
 Backward (per row, x_hat = (x - mean) * rstd, g = dy * w):
 
     dx = rstd * (g - mean(g) - x_hat * mean(x_hat * g)),   dw = sum dy * x_hat,   db = sum dy
+
+dw and db are summed as RMSNorm's dw is: a float32 partial row each per program, then
+`column_sums` (one launch for both).
+
+Reading guide. Read `plain_layernorm.py` first: the same arithmetic, one row a program, the
+variance from the centred row. The kernels here mirror rmsnorm.py's, path for path, and its
+module docstring says which plan field sets which flag; read that one first. Seven kernels:
+
+    kernel                       plan.path         what it adds to rmsnorm.py's
+    layernorm_fwd_rows_kernel    Forward "rows"    mean first, then the centred sum of
+                                                   squares (_normalise_tile); short 16-bit
+                                                   rows summed about x[0] (SHIFTED_MAX_N)
+    layernorm_fwd_loop_kernel    Forward "loop"    both sums about the first block's mean
+    layernorm_fwd_split_kernel   Forward "split"   both sums about the first HEAD values'
+                                                   mean, exchanged in pairs
+    layernorm_bwd_rows_kernel    Backward "rows"   mean(g) beside mean(x_hat * g); dB's
+                                                   partial row beside dW's
+    layernorm_bwd_pieces_kernel  Backward "pieces" the same, in HEAD + TAIL columns
+    layernorm_bwd_split_kernel   Backward "split"  both sums exchanged
+    layernorm_bwd_loop_kernel    Backward "loop"   both sums, two passes over the row
+
+Flags of their own: HAS_BIAS, and STORE_STATS (the autograd forward saves mean and rstd)
+where RMSNorm has STORE_RSTD; two choices are made inside the rows kernel from BLOCK_N and
+x's dtype, not by the plan (PARAMS_FIRST_MAX_N, SHIFTED_MAX_N, below). Read the shifted
+sums' argument above before `_stats_from_shifted`, then the forward kernels in the order
+rows, loop, split.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""RMSNorm, forward and backward, and the fused residual add + RMSNorm forward.
+"""RMSNorm, forward and backward, and the fused residual add + RMSNorm forward: the tuned
+kernels.
 
     y = x * rstd * w,   rstd = 1 / sqrt(mean(x**2) + eps)   per row of the last dimension
 
 Statistics are accumulated in float32 whatever the input dtype; outputs take x's dtype.
-`launch.py` decides, per shape, which of the kernels below runs and how.
 
 Backward (per row, x_hat = x * rstd, g = dy * w):
 
@@ -11,6 +11,46 @@ Backward (per row, x_hat = x * rstd, g = dy * w):
 
 dw is summed deterministically: each program of the first kernel adds up its own rows into
 one float32 row of partial sums, and `column_sums` adds those rows in a fixed order.
+
+Reading guide. Read `plain_rmsnorm.py` first: the same arithmetic, one row a program, one
+path. Everything here is that, specialised per shape. Seven kernels; the launch plan that
+`launch.py` makes for a shape picks one by its `path` and sets most of its flags:
+
+    kernel                     plan.path         what it is for
+    rmsnorm_fwd_rows_kernel    Forward "rows"    BLOCK_M whole rows held in registers
+    rmsnorm_fwd_loop_kernel    Forward "loop"    rows too long for registers: pass 1 sums
+                                                 squares, pass 2 reads the row again (L2)
+    rmsnorm_fwd_split_kernel   Forward "split"   longer still: SPLIT programs share a row
+                                                 and exchange their sums (sibling_sync.py)
+    rmsnorm_bwd_rows_kernel    Backward "rows"   BLOCK_M rows a step, the dW sums in registers
+    rmsnorm_bwd_pieces_kernel  Backward "pieces" 16-bit rows between two powers of two, held
+                                                 as HEAD + TAIL columns (no idle lanes)
+    rmsnorm_bwd_split_kernel   Backward "split"  long rows, SPLIT programs a row (GPU only)
+    rmsnorm_bwd_loop_kernel    Backward "loop"   long rows where split cannot run
+
+The flags, and the plan fields that set them (ForwardPlan, BackwardPlan: launch.py):
+
+    BLOCK_M, BLOCK_N, SPLIT   plan.block_m, plan.block_n, plan.split (and plan.num_warps)
+    PREFETCH                  plan.prefetch: the next tile's loads issued before this
+                              tile's arithmetic
+    STREAM                    plan.stream: evict-first loads, streaming stores
+    WEIGHT_AFTER              plan.weight_after_sum: the weight loaded after the sum
+    EVEN                      plan.rows_even(M, N), plan.row_blocks(N): no masks where the
+                              rows fill their blocks
+    ROW_BLOCKS                plan.row_blocks(N): a one_row loop-path row, blocks unrolled
+    OUT_BLOCK                 plan.second_block: columns a pass-2 step writes
+    RELOAD                    plan.reload: read the row again rather than keep it
+    SUM_EACH_STEP             plan.sum_each_step: dW added over each step's rows at once
+    HEAD, TAIL                plan.block_n, plan.tail_for(N)
+    from the call             HAS_RESIDUAL (add_rmsnorm), HAS_WEIGHT, STORE_RSTD (the
+                              autograd forward), MULTIPLE (launch.stated_multiple_of: what
+                              N and the strides are multiples of, for 16-byte loads)
+
+Then, in order: `rmsnorm_fwd_rows_kernel` with every flag off (the plain kernel, BLOCK_M rows
+at a time), `_forward` (how a plan becomes a launch), `rmsnorm_bwd_rows_kernel` and
+`rmsnorm_backward` with `column_sums.py`, and the other paths as `launch.forward_plan` and
+`launch.backward_plan` send shapes to them. `row_loads.py` holds the load and store helpers
+every kernel calls.
 """
 
 from __future__ import annotations
