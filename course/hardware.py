@@ -45,16 +45,36 @@ class GPUSpec:
 # Order matters: the first pattern that matches wins, so specific names come first.
 # L2 sizes are for display; sources disagree for the B200, and anything that depends on
 # L2 (input rotation in course.bench) asks the driver instead (l2_bytes()).
+# Sources: each vendor's datasheet, dense (no-sparsity) tensor figures, i.e. half the
+# "with sparsity" ones quoted beside them.
 SPECS: tuple[GPUSpec, ...] = (
-    GPUSpec("B200", 8000, 2250, 2250, 80, 126, 180, r"B200"),
+    # HGX B200, per GPU (1000 W). NVIDIA's Blackwell datasheet: 7.7 TB/s of HBM3e
+    # (nvdam.widen.net/s/wwnsxrhm2w/blackwell-datasheet-3384703, as cited in
+    # ai-dynamo/aiconfigurator#1246), which matches the driver's 7680-bit bus at 3996 MHz,
+    # 7.67 TB/s (pytorch/ao#4002; the first DGX B200 datasheet said 64 TB/s for 8 GPUs,
+    # 8 TB/s each). NVIDIA's HGX B200 table, for 8 GPUs: FP16/BF16 tensor 36 PFLOPS with
+    # sparsity (2250 TFLOPS dense each), FP32 600 TFLOPS (75 each; an earlier Blackwell
+    # technical brief gave 80, the GB200's figure), 1.4 TB of memory (180 GB each). L2:
+    # 126.5 MB as the driver reports it (pytorch/ao#4002). A GB200 matches this pattern
+    # too: its tensor and FP32 peaks are about 10 % above these.
+    GPUSpec("B200", 7700, 2250, 2250, 75, 126, 180, r"B200"),
+    # H200 SXM datasheet: 4.8 TB/s, BF16/FP16 1979 TFLOPS with sparsity, FP32 67, 141 GB
     GPUSpec("H200", 4800, 989, 989, 67, 50, 141, r"H200"),
+    # H100 datasheet, PCIe: 2 TB/s, BF16/FP16 1513 with sparsity, FP32 51; SXM: 3.35 TB/s,
+    # 1979 with sparsity, FP32 67; 50 MB L2 (Hopper whitepaper)
     GPUSpec("H100 PCIe", 2000, 756, 756, 51, 50, 80, r"H100.*PCIe"),
     GPUSpec("H100 SXM", 3350, 989, 989, 67, 50, 80, r"H100"),
+    # A100 datasheet (SXM): 2039 GB/s (80 GB) or 1555 (40 GB), BF16/FP16 312, FP32 19.5
     GPUSpec("A100 80GB", 2039, 312, 312, 19.5, 40, 80, r"A100.*80GB"),
     GPUSpec("A100 40GB", 1555, 312, 312, 19.5, 40, 40, r"A100"),
+    # A10 datasheet: 600 GB/s, BF16/FP16 125 (250 with sparsity), FP32 31.2
     GPUSpec("A10", 600, 125, 125, 31.2, 6, 24, r"\bA10\b|A10G"),
+    # L4 datasheet: 300 GB/s, BF16/FP16 242 with sparsity, FP32 30.3; 48 MB L2
     GPUSpec("L4", 300, 121, 121, 30.3, 48, 24, r"\bL4\b"),
+    # T4 datasheet: 320 GB/s, mixed-precision FP16 65, FP32 8.1 (no bfloat16 tensor cores)
     GPUSpec("T4", 320, None, 65, 8.1, 4, 16, r"\bT4\b"),
+    # Ada whitepaper, RTX 4090: 1008 GB/s, BF16/FP16 tensor with FP32 accumulate 165.2
+    # dense, FP32 82.6, 72 MB L2
     GPUSpec("RTX 4090", 1008, 165.2, 165.2, 82.6, 72, 24, r"RTX 4090"),
 )
 
