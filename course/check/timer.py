@@ -1,0 +1,137 @@
+"""Checker for chapter 03's second exercise: a minimal honest timer.
+
+The learner writes `time_per_call(gpu, fn, inputs, reps)`, the mean seconds a call of
+`fn` takes on the GPU, and the chapter wraps it as
+
+    time_workload(spec, reps) -> float    # time_per_call(*course.timing.workload(spec), reps)
+
+which takes and returns plain values, so that the autograder can call it in the learner's
+process. The check times simulated GPUs (`course.timing`, specs 'sim:<seed>' with seeds
+drawn from its own seed) whose true time per call it knows, and whose way of fooling a
+timer it can predict: a timer that reads the host's clock without synchronising measures
+the launch, one without a warm-up counts the compilation, one that reuses an input or lets
+its outputs be freed finds them in L2. A wrong time is compared with each of those and
+the message names the one it matches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from numbers import Real
+
+from course import timing
+from course.check.eager_bytes import finish
+from course.check.learner_facing import learner_facing
+from course.check.report import Report
+from course.check.runner import CaseResult, Finding, fresh_seed
+
+import torch
+
+REPS = 30
+SIMULATIONS = 3
+# An honest timer's mean: the true time, less at most this share (a first timed call that
+# finds the last warm-up's output in L2), plus at most one launch spread over the reps.
+BELOW = 0.04
+# A wrong time matches a mistake within this share of the mistake's prediction.
+MATCH = 0.08
+
+_MISTAKES = {
+    "host_clock": "it measured the launch only: gpu.clock() (like time.perf_counter) reads "
+                  "the host's clock, and a call returns as soon as its kernel is queued. "
+                  "Time with events recorded around each call (gpu.Event(enable_timing=True), "
+                  ".record()), and gpu.synchronize() before reading them",
+    "no_warmup": "it counted the first call's compilation: call fn a few times before timing "
+                 "(a warm-up), then gpu.synchronize(), so the timed calls find the kernel "
+                 "compiled and the GPU idle",
+    "same_input": "it timed the same input every call, which is still in L2 from the call "
+                  "before: take the copies in turn, inputs[i % len(inputs)], so each call "
+                  "reads an input L2 no longer holds",
+    "same_output": "its calls wrote to memory a recent call had written: an output nobody "
+                   "keeps is freed, and the allocator hands its block, still in L2, to the "
+                   "next call. Keep every output alive (append it to a list) until the "
+                   "timing ends",
+    "same_input_and_output": "it timed the same input every call and let each output be "
+                             "freed, so both were still in L2: rotate the inputs "
+                             "(inputs[i % len(inputs)]) and keep every output in a list",
+    "milliseconds": "it returned milliseconds: elapsed_time gives milliseconds, and the "
+                    "function returns seconds (divide by 1e3)",
+    "microseconds": "it returned microseconds: the function returns seconds",
+    "total": "it returned the total of all the calls: divide by reps for the time a call",
+}
+
+
+@dataclass(frozen=True)
+class _Simulation:
+    """A case of this check: one simulated GPU (its report line)."""
+
+    spec: str
+
+    def label(self) -> str:
+        return f"simulated GPU {self.spec}"
+
+
+def _diagnose(got: float, times: timing.SimTimes) -> str | None:
+    """The mistake whose prediction `got` matches, if one does."""
+    best, best_gap = None, MATCH
+    for name, predicted in times.mistakes().items():
+        gap = abs(got / predicted - 1)
+        if gap <= best_gap:
+            best, best_gap = name, gap
+    return best
+
+
+def _is_honest(got: float, times: timing.SimTimes) -> bool:
+    true = times.true_s
+    return true * (1 - BELOW) <= got <= true + 1.05 * times.params.launch_s
+
+
+def _specs(seed: int) -> list[str]:
+    gen = torch.Generator().manual_seed(seed)
+    return [f"sim:{int(s)}" for s in torch.randint(0, 2**31 - 1, (SIMULATIONS,), generator=gen)]
+
+
+@learner_facing
+def honest_timer(time_workload: Callable[[str, int], float], *, seed: int | None = None,
+                 quiet: bool = False) -> Report:
+    """Check `time_workload(spec, reps)` on simulated GPUs: each time must be the true
+    time of a call; raise AssertionError naming the ingredient that is missing (or the
+    unit that is wrong), return the report (printed unless quiet) when all are right."""
+    if not callable(time_workload):
+        raise TypeError(f"pass the function time_workload itself, not "
+                        f"{type(time_workload).__name__}")
+    seed = fresh_seed() if seed is None else int(seed)
+    results, named = [], []
+    for spec in _specs(seed):
+        times = timing.simulated_times(spec, REPS)
+        problem = None
+        try:
+            got = time_workload(spec, REPS)
+        except Exception as exc:  # the learner's code: reported, not raised
+            problem = f"raised {type(exc).__name__}: {exc}"
+        else:
+            if isinstance(got, bool) or not isinstance(got, Real) or \
+                    not math.isfinite(float(got)) or got <= 0:
+                problem = f"returned {got!r}: the time a call takes is a positive number"
+            elif not _is_honest(float(got), times):
+                mistake = _diagnose(float(got), times)
+                if mistake is not None:
+                    named.append(mistake)
+                problem = (f"returned {float(got) * 1e6:,.1f} us a call; the simulated GPU "
+                           f"takes {times.true_s * 1e6:,.1f} us (launch "
+                           f"{times.params.launch_s * 1e6:.1f} us, first call "
+                           f"{times.params.compile_s * 1e3:.0f} ms)")
+        findings = () if problem is None else (
+            Finding("time", f"time_workload({spec!r}, {REPS}) {problem}"),)
+        results.append(CaseResult(_Simulation(spec), findings=findings))
+    advice = []
+    failing = [r for r in results if not r.passed]
+    if failing:
+        first = failing[0].findings[0].message
+        if named and len(set(named)) == 1 and len(named) == len(failing):
+            advice.append(f"time_per_call is off: {_MISTAKES[named[0]]}.\n  e.g. {first}.")
+        else:
+            advice.append(f"time_per_call is off on {len(failing)} of {len(results)} "
+                          f"simulated GPUs, e.g. {first}.")
+    return finish(Report("honest_timer", seed, results, advice), quiet)

@@ -1,0 +1,315 @@
+"""What a timer needs from a GPU, on a real one or on a simulated one (chapter 03).
+
+    gpu, fn, inputs = timing.workload("cuda:eager:4096x4096")  # eager RMSNorm, on your GPU
+    gpu, fn, inputs = timing.workload("sim:1234")               # a simulated GPU, anywhere
+
+`gpu` offers what a timer uses of `torch.cuda`: `gpu.Event(enable_timing=True)` with
+`.record()` and `.elapsed_time(end)` (milliseconds), `gpu.synchronize()`, and
+`gpu.clock()`, the host's clock in seconds (`time.perf_counter` on a real GPU). `fn(*args)`
+runs the workload once and returns its output; `inputs` is a list of argument tuples,
+enough copies that taking them in turn keeps each call's inputs out of L2.
+
+The simulated GPU behaves as a real one does in the ways that fool a timer, with
+parameters drawn from the seed in the spec:
+
+- calls are asynchronous: `fn` returns once its kernel is queued (the launch costs the host
+  a few microseconds) and the GPU runs it when it gets to it;
+- the first call of `fn` compiles its kernel on the host (tens to hundreds of ms);
+- a kernel reads an input, or overwrites an output, that is still in L2 several times faster
+  than from HBM. L2 holds the most recently touched buffers, up to its size; an output
+  buffer nobody holds any more goes back to an allocator that hands it to the next output
+  of its size, as PyTorch's caching allocator does.
+
+`simulated_times(spec, reps)` gives, for a spec, the true time of a call (inputs and outputs
+from HBM, no compilation, no launch) and what each way of timing it wrongly would report:
+the chapter's checker compares a learner's timer with them.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import math
+import random
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from course import hardware, runtime
+
+import torch
+
+DATA = Path(__file__).with_name("data")
+SIM_COPIES = 4  # input copies of a simulated workload: each is gone from L2 a call later
+MB = 1 << 20
+
+
+# ---------------------------------------------------------------- the simulated GPU
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """A simulated GPU and its one workload (a kernel reading `read_bytes` from one input
+    and writing `write_bytes` to a new output)."""
+
+    launch_s: float
+    compile_s: float
+    hbm_bytes_per_s: float
+    l2_speedup: float
+    l2_bytes: int
+    read_bytes: int
+    write_bytes: int
+
+    @classmethod
+    def from_seed(cls, seed: int) -> SimParams:
+        rng = random.Random(seed)
+        l2 = rng.randrange(40, 65) * MB
+        # One call's bytes fill most of L2, two calls' more than all of it: the buffers of
+        # the call before are still there, those of two calls ago are not.
+        footprint = rng.uniform(0.6, 0.85) * l2
+        # Reads and writes apart, so that an input left in L2 and an output left there differ.
+        share = rng.choice((rng.uniform(0.25, 0.4), rng.uniform(0.6, 0.75)))
+        read = int(footprint * share)
+        return cls(launch_s=rng.uniform(2e-6, 6e-6), compile_s=rng.uniform(0.05, 0.3),
+                   hbm_bytes_per_s=rng.uniform(0.3e12, 0.5e12), l2_speedup=rng.uniform(3, 5),
+                   l2_bytes=l2, read_bytes=read, write_bytes=int(footprint) - read)
+
+    def kernel_s(self, input_in_l2: bool, output_in_l2: bool) -> float:
+        read = self.read_bytes / (self.l2_speedup if input_in_l2 else 1)
+        write = self.write_bytes / (self.l2_speedup if output_in_l2 else 1)
+        return (read + write) / self.hbm_bytes_per_s
+
+
+class SimTensor:
+    """A buffer of the simulated GPU: an address and a size, no values."""
+
+    def __init__(self, gpu: SimulatedGPU, address: int, nbytes: int):
+        self.gpu, self.address, self.nbytes = gpu, address, nbytes
+
+    def __repr__(self) -> str:
+        return f"<simulated tensor of {self.nbytes / MB:.1f} MB at {self.address:#x}>"
+
+
+class SimEvent:
+    """A simulated `torch.cuda.Event`: it completes when the GPU reaches it in its queue."""
+
+    def __init__(self, gpu: SimulatedGPU, enable_timing: bool = False):
+        self.gpu, self.enable_timing = gpu, enable_timing
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = max(self.gpu.host_s, self.gpu.busy_until_s)
+
+    def elapsed_time(self, end: SimEvent) -> float:
+        """Milliseconds from this event to `end`, as torch.cuda.Event.elapsed_time."""
+        if not (self.enable_timing and end.enable_timing):
+            raise RuntimeError("elapsed_time needs both events created with "
+                               "enable_timing=True")
+        if self.at is None or end.at is None:
+            raise RuntimeError("elapsed_time: record() both events first")
+        if end.at > self.gpu.host_s:
+            raise RuntimeError("elapsed_time: the GPU has not reached the end event yet "
+                               "(on a real GPU: 'device not ready'); call gpu.synchronize() "
+                               "before reading the times")
+        return (end.at - self.at) * 1e3
+
+
+class SimulatedGPU:
+    """A GPU that runs one workload, simulated (see the module's text)."""
+
+    def __init__(self, params: SimParams):
+        self.params = params
+        self.host_s = 0.0        # the host's clock
+        self.busy_until_s = 0.0  # when the GPU finishes what is queued
+        self.compiled = False
+        self._next_address = 1 << 32
+        self._free: dict[int, list[int]] = collections.defaultdict(list)
+        self._l2: collections.OrderedDict[int, int] = collections.OrderedDict()
+
+    # what a timer uses, as torch.cuda offers it
+    def Event(self, enable_timing: bool = False) -> SimEvent:  # noqa: N802  (torch's name)
+        return SimEvent(self, enable_timing)
+
+    def synchronize(self) -> None:
+        self.host_s = max(self.host_s, self.busy_until_s)
+
+    def clock(self) -> float:
+        return self.host_s
+
+    # memory
+    def allocate(self, nbytes: int) -> SimTensor:
+        free = self._free[nbytes]
+        if free:
+            address = free.pop()  # the block freed last, as a caching allocator does
+        else:
+            address, self._next_address = self._next_address, self._next_address + nbytes
+        tensor = SimTensor(self, address, nbytes)
+        weakref.finalize(tensor, free.append, address)
+        return tensor
+
+    def _touch(self, buffer: SimTensor) -> bool:
+        """Touch a buffer; whether it was still in L2."""
+        hit = buffer.address in self._l2
+        self._l2.pop(buffer.address, None)
+        self._l2[buffer.address] = buffer.nbytes
+        while sum(self._l2.values()) > self.params.l2_bytes:
+            self._l2.popitem(last=False)
+        return hit
+
+    # the workload
+    def run(self, x: SimTensor) -> SimTensor:
+        if not isinstance(x, SimTensor) or x.gpu is not self:
+            raise TypeError(f"the simulated workload takes one of its own inputs, got {x!r}")
+        if not self.compiled:  # the first call compiles, on the host
+            self.host_s += self.params.compile_s
+            self.compiled = True
+        self.host_s += self.params.launch_s
+        y = self.allocate(self.params.write_bytes)
+        input_hit, output_hit = self._touch(x), self._touch(y)
+        start = max(self.host_s, self.busy_until_s)
+        self.busy_until_s = start + self.params.kernel_s(input_hit, output_hit)
+        return y
+
+
+def parse_sim_spec(spec: str) -> int:
+    """The seed of a 'sim:<seed>' spec."""
+    kind, _, seed = spec.partition(":")
+    if kind != "sim" or not seed.isdigit():
+        raise ValueError(f"a simulated GPU's spec is 'sim:<seed>', e.g. 'sim:1234'; got "
+                         f"{spec!r}")
+    return int(seed)
+
+
+def simulated(spec: str) -> tuple[SimulatedGPU, Callable[[SimTensor], SimTensor],
+                                  list[tuple[SimTensor]]]:
+    gpu = SimulatedGPU(SimParams.from_seed(parse_sim_spec(spec)))
+    inputs = [(gpu.allocate(gpu.params.read_bytes),) for _ in range(SIM_COPIES)]
+    return gpu, gpu.run, inputs
+
+
+@dataclass(frozen=True)
+class SimTimes:
+    """For one simulated spec: the true seconds per call, and what each mistake reports."""
+
+    params: SimParams
+    reps: int
+
+    @property
+    def true_s(self) -> float:
+        return self.params.kernel_s(False, False)
+
+    def mistakes(self) -> dict[str, float]:
+        p, true = self.params, self.true_s
+        first = p.launch_s / self.reps  # the first timed call also waits for its launch
+
+        def same_input(output_in_l2: bool) -> float:
+            # ... and reads an input the warm-up left some calls before
+            hit, miss = p.kernel_s(True, output_in_l2), p.kernel_s(False, output_in_l2)
+            return hit + first + (miss - hit) / self.reps
+
+        return {
+            "no_warmup": true + (p.compile_s + p.launch_s) / self.reps,
+            "host_clock": p.launch_s,
+            "same_input": same_input(False),
+            "same_output": p.kernel_s(False, True) + first,
+            "same_input_and_output": same_input(True),
+            "milliseconds": true * 1e3,
+            "microseconds": true * 1e6,
+            "total": true * self.reps,
+        }
+
+
+def simulated_times(spec: str, reps: int) -> SimTimes:
+    return SimTimes(SimParams.from_seed(parse_sim_spec(spec)), reps)
+
+
+# ---------------------------------------------------------------- a real GPU
+
+
+class CudaDevice:
+    """torch.cuda's events and synchronize, and the host's clock."""
+
+    name = "cuda"
+
+    @staticmethod
+    def Event(enable_timing: bool = False) -> torch.cuda.Event:  # noqa: N802
+        return torch.cuda.Event(enable_timing=enable_timing)
+
+    @staticmethod
+    def synchronize() -> None:
+        torch.cuda.synchronize()
+
+    @staticmethod
+    def clock() -> float:
+        return time.perf_counter()
+
+
+CUDA_WORKLOADS = {"eager": "course.baselines.eager_rmsnorm",
+                  "rms_norm": "torch.nn.functional.rms_norm"}
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+def cuda_workload(spec: str) -> tuple[CudaDevice, Callable, list[tuple[torch.Tensor, ...]]]:
+    """'cuda:eager:MxN' or 'cuda:rms_norm:MxN': RMSNorm of a bfloat16 M x N input, with
+    input copies that add up to three times L2."""
+    from course import baselines
+
+    parts = spec.split(":")
+    shape = parts[2].split("x") if len(parts) == 3 else []
+    if len(shape) != 2 or parts[1] not in CUDA_WORKLOADS or not all(s.isdigit() for s in shape):
+        raise ValueError(f"a GPU workload's spec is 'cuda:<{'|'.join(CUDA_WORKLOADS)}>:MxN', "
+                         f"e.g. 'cuda:eager:4096x4096'; got {spec!r}")
+    if not runtime.on_gpu():
+        raise hardware.NeedsGPU(f"{spec} needs a GPU; without one, time 'sim:<seed>'")
+    M, N = int(shape[0]), int(shape[1])
+    fn = baselines.eager_rmsnorm if parts[1] == "eager" else _rms_norm
+    copies = max(2, math.ceil(3 * hardware.l2_bytes() / (M * N * 2)))
+    w = torch.rand(N, device="cuda").to(torch.bfloat16) + 0.5
+    inputs = [(torch.randn(M, N, device="cuda", dtype=torch.bfloat16), w) for _ in range(copies)]
+    return CudaDevice(), fn, inputs
+
+
+def workload(spec: str) -> tuple[object, Callable, list[tuple]]:
+    """(gpu, fn, inputs) for a spec: 'sim:<seed>' or 'cuda:<workload>:MxN' (the module's
+    text says what each is)."""
+    if not isinstance(spec, str):
+        raise TypeError(f"spec must be a str such as 'sim:1234', got {type(spec).__name__}")
+    return simulated(spec) if spec.startswith("sim") else cuda_workload(spec)
+
+
+# ---------------------------------------------------------------- recorded figures
+
+
+def recorded(gpu: str) -> list[dict[str, str]]:
+    """The rows of course/data/timers-<gpu>.csv (scripts/record_timers.py writes them)."""
+    path = DATA / f"timers-{gpu.lower()}.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"no recorded timers for {gpu!r} ({path.name}); "
+                                "scripts/record_timers.py records them on a GPU")
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def recorded_table(rows: Sequence[dict[str, str]]) -> str:
+    """Each workload and shape's timers, mean microseconds a call and the ratio to the
+    honest timer, with the GPU, versions and date they were recorded with."""
+    if not rows:
+        raise ValueError("no rows to show")
+    first = rows[0]
+    lines = [f"recorded on {first['gpu']}, torch {first['torch']}, triton {first['triton']}, "
+             f"{first['date']} (mean of {first['reps']} calls)"]
+    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for row in rows:
+        groups.setdefault((row["workload"], row["M"], row["N"]), []).append(row)
+    for (name, M, N), group in groups.items():
+        honest = next(float(r["mean_us"]) for r in group if r["timer"] == "honest")
+        lines.append(f"{name}, {M} x {N} {first['dtype']}:")
+        for r in group:
+            mean = float(r["mean_us"])
+            lines.append(f"  {r['timer']:<28} {mean:10.1f} us  {mean / honest:7.2f}x honest")
+    return "\n".join(lines)
