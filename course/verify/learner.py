@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import os
 import signal
@@ -54,6 +55,15 @@ KEEP_OUTPUTS = 8
 KEEP_FORWARDS = 64
 # Plain values a `describe` may send back.
 PLAIN = (bool, int, float, str, type(None), torch.dtype)
+
+
+def _plain_fields(value: object) -> dict | None:
+    """A dataclass instance's fields, when every one is a plain value (chapter 08's Launch):
+    the values travel, never the class or its methods."""
+    if isinstance(value, type) or not dataclasses.is_dataclass(value):
+        return None
+    fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+    return fields if all(isinstance(v, PLAIN) for v in fields.values()) else None
 
 
 class _Forward:
@@ -211,6 +221,9 @@ class Server:
                     "items": [self._output(v, record) for v in value]}
         if isinstance(value, PLAIN):
             return {"kind": "plain", "value": value}
+        record = _plain_fields(value)
+        if record is not None:
+            return {"kind": "record", "type": type(value).__name__, "fields": record}
         return {"kind": "object", "type": type(value).__name__}
 
     def _changed_outputs(self, before: int) -> dict[int, torch.Tensor]:

@@ -231,6 +231,27 @@ class LearnerObject:
     an object of their own): only its type's name does."""
 
 
+class LearnerRecord:
+    """Stands for a dataclass instance of the learner's process whose fields are plain
+    values: its fields, read-only, under their names (a Launch's rows_per_tile, ...)."""
+
+    def __init__(self, type_name: str, fields: dict):
+        object.__setattr__(self, "_type_name", type_name)
+        object.__setattr__(self, "_fields", dict(fields))
+
+    def __getattr__(self, name: str) -> object:
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(f"{self._type_name} has no field {name!r}") from None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{self._type_name} is read-only here")
+
+    def __repr__(self) -> str:
+        return f"{self._type_name}({', '.join(f'{k}={v!r}' for k, v in self._fields.items())})"
+
+
 class _Outputs:
     """Outputs of the learner's process as tensors here, each kept by its handle there so
     that a later change of that memory (the same buffer returned again) reaches it."""
@@ -254,6 +275,8 @@ class _Outputs:
             return tuple(items) if field["tuple"] else items
         if kind == "plain":
             return field["value"]
+        if kind == "record":
+            return LearnerRecord(field["type"], field["fields"])
         return type(field["type"], (LearnerObject,), {})()
 
     def refresh(self, changed: dict[int, torch.Tensor]) -> None:

@@ -1,0 +1,121 @@
+"""Chapter 08's launch rule: the recorded sweeps, and the check that grades a rule by them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import course  # noqa: F401  (picks the mode before anything imports Triton)
+from course import lab_sweeps
+from course.check import lab
+from course.verify import learner, proxy
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# The hidden test cell's shapes are the notebook's; these are others of the recorded ones.
+SHAPES = [(d, lab_sweeps.rows_for(n), n) for d, n in
+          (("bfloat16", 256), ("bfloat16", 768), ("bfloat16", 3072), ("bfloat16", 12288),
+           ("bfloat16", 49152), ("bfloat16", 131072), ("float32", 24576))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:  # the fields of chapter 08's Launch, as a learner's rule returns them
+    rows_per_tile: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+    programs_per_sm: int = 0
+    chunk_n: int = 0
+
+
+def tuned_rule(n_rows: int, n_cols: int, element_size: int) -> Launch:
+    """A rule built from the H100 sweep: what the chapter's model answer does."""
+    block_n = lab_sweeps.next_power_of_2(n_cols)
+    if block_n <= 256:
+        return Launch(rows_per_tile=min(8, lab_sweeps.next_power_of_2(n_rows)))
+    if block_n <= 16384:
+        rows, warps = {512: (4, 4), 1024: (2, 4), 2048: (2, 8), 4096: (1, 8), 8192: (1, 8),
+                       16384: (2, 16)}[block_n]
+        return Launch(rows_per_tile=min(rows, lab_sweeps.next_power_of_2(n_rows)),
+                      num_warps=warps)
+    return Launch(num_warps=16, num_stages=3, chunk_n=8192)
+
+
+def no_kernel(*args):
+    raise AssertionError("without a GPU the check must not run the kernel")
+
+
+def test_every_recorded_gpu_has_the_whole_grid():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sweep_lab
+
+    assert "H100" in lab_sweeps.GPUS
+    for gpu in lab_sweeps.GPUS:
+        points = lab_sweeps.load(gpu)
+        assert {p.gpu for p in points} == {gpu} and all(gpu in p.device_name for p in points)
+        for dtype, n_cols, fields in sweep_lab.planned():
+            point = lab_sweeps.find(points, n_cols, dtype, fields)
+            assert point is not None, (gpu, dtype, n_cols, fields)
+            assert point.ok and 0 < point.seconds and 0.02 < point.fraction_of_copy < 1.1
+        for dtype, cols in (("bfloat16", lab_sweeps.BF16_COLS),
+                            ("float32", lab_sweeps.FP32_COLS)):
+            for n_cols in cols:
+                best = lab_sweeps.best(points, n_cols, dtype)
+                # the time is the ideal bytes at the recorded bandwidth
+                nbytes = 2 * best.n_rows * n_cols * lab_sweeps.DTYPE_BYTES[dtype]
+                assert math.isclose(nbytes / best.seconds / (best.copy_gbps * 1e9),
+                                    best.fraction_of_copy, rel_tol=0.01)
+
+
+def test_a_rule_tuned_on_the_sweeps_passes_at_every_shape():
+    report = lab.launch_rule(tuned_rule, no_kernel, quiet=True)
+    assert report.passed and report.how == "recorded"
+    report = lab.launch_rule(tuned_rule, no_kernel, shapes=SHAPES, quiet=True)
+    assert [r.passed for r in report.rows] == [True] * len(SHAPES)
+    assert all(r.target == lab.OF_BEST_RECORDED and r.score >= 0.85 for r in report.rows)
+
+
+@pytest.mark.parametrize("tuned_for, launch, fails_at", [
+    ("N = 4096", Launch(num_warps=8), 256),
+    ("N = 256", Launch(rows_per_tile=16, num_warps=16), 3072),
+    ("N = 65536", Launch(num_warps=16, num_stages=3, chunk_n=8192), 256),
+])
+def test_a_rule_tuned_for_one_shape_fails_elsewhere(tuned_for, launch, fails_at):
+    with pytest.raises(AssertionError) as failed:
+        lab.launch_rule(lambda m, n, e: launch, no_kernel, shapes=SHAPES)
+    short_at = str(failed.value).split("falls short at ")[1].split(". ")[0].split(", ")
+    assert f"bfloat16 N = {fails_at}" in short_at, (tuned_for, short_at)
+
+
+def test_a_launch_the_sweeps_did_not_time_fails_with_the_reason():
+    def spills(n_rows, n_cols, element_size):  # one row over 4 warps, at any length
+        return Launch()
+
+    with pytest.raises(AssertionError) as failed:
+        lab.launch_rule(spills, no_kernel, shapes=[("bfloat16", 512, 131072)])
+    assert "1024 values a thread" in str(failed.value)
+    assert "not among the recorded launches" in str(failed.value)
+
+
+def test_bad_rules_and_shapes_get_clear_errors():
+    with pytest.raises(AssertionError, match=r"returned 3, not a Launch"):
+        lab.launch_rule(lambda m, n, e: 3, no_kernel)
+    with pytest.raises(ValueError, match="rows of 5000 were not recorded"):
+        lab.launch_rule(tuned_rule, no_kernel, shapes=[("bfloat16", 64, 5000)])
+    with pytest.raises(TypeError, match="pass your choose_launch function"):
+        lab.launch_rule(Launch(), no_kernel)
+
+
+def test_a_launch_travels_from_the_learners_process_as_its_fields():
+    """The verifier's choose_launch stand-in returns a Launch's fields, never its class."""
+    field = {"kind": "record", "type": "Launch",
+             "fields": learner._plain_fields(Launch(rows_per_tile=2, num_warps=8))}
+    assert learner._plain_fields(Launch) is None  # a class does not travel
+    got = proxy._Outputs().build(field, [])
+    assert (got.rows_per_tile, got.num_warps, got.chunk_n) == (2, 8, 0)
+    assert lab_sweeps.launch_fields(got) == dataclasses.asdict(Launch(2, 8))
+    with pytest.raises(AttributeError, match="read-only"):
+        got.num_warps = 4
+    assert learner._plain_fields(dataclasses.make_dataclass("Holder", ["fn"])(print)) is None
