@@ -500,3 +500,40 @@ def ch07_submissions() -> list[Submission]:
                    {grade_id: answers[grade_id] for grade_id in edits},
                    tuple(g for lost in CH07_MISTAKES.values() for g in lost), first.phrase),
     ]
+
+
+# ---------------------------------------------------------------- chapter 03
+# Mistakes in chapter 03's plain-Python exercises (tests/ch03_answers.py writes each as
+# edits of the source's answers; tests/test_ch03_exercises.py tries each one, and grades
+# this submission with the verifier: the learner's functions run in a process of their own).
+CH03_MISTAKES = ("weight_forgotten", "same_output")
+
+
+def with_edits(answers: dict[str, str], edits: dict[str, list[tuple[str, str]]]
+               ) -> dict[str, str]:
+    """`answers` (grade id -> code) with each exercise's (old, new) replacements made."""
+    found = dict(answers)
+    for grade_id, changes in edits.items():
+        for old, new in changes:
+            assert old in found[grade_id], f"{grade_id} has no {old!r}"
+            found[grade_id] = found[grade_id].replace(old, new)
+    return found
+
+
+def ch03_submissions() -> list[Submission]:
+    """The correct chapter 03, and one with a mistake in each of its two plain-Python
+    exercises (its reason: the first one's phrase, in the first cell it loses)."""
+    import ch03_answers  # it imports this module: looked up when first needed
+
+    edits: dict[str, list[tuple[str, str]]] = {}
+    for name in CH03_MISTAKES:
+        for grade_id, changes in ch03_answers.MISTAKES[name].edits.items():
+            edits.setdefault(grade_id, []).extend(changes)
+    answers = ch03_answers.answers(edits)
+    mistakes = [ch03_answers.MISTAKES[n] for n in CH03_MISTAKES]
+    return [
+        Submission("correct", "ch03_two_pass"),
+        Submission("mistakes_a", "ch03_two_pass", "; ".join(m.what for m in mistakes),
+                   {grade_id: answers[grade_id] for grade_id in edits},
+                   tuple(g for m in mistakes for g in m.loses), mistakes[0].phrase),
+    ]

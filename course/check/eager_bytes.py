@@ -52,9 +52,11 @@ _SLIPS = (
           "the mean, rstd, h * rstd) is float32, 4 bytes an element, whatever x's dtype"),
     _Slip("no_weight", "you left out the weight's read in the last launch, w * h: it reads "
           "the N weights (once: the other rows find them in L2) as well as h"),
-    _Slip("row_as_mn", "you counted a per-row statistic as M*N elements: mean(-1) writes one "
-          "value per row (M of them), and + eps, rsqrt and the read of rstd in h * rstd "
-          "move M values too, not M*N"),
+    _Slip("mean_as_mn", "you counted the per-row mean as M*N values: mean(-1, keepdim=True) "
+          "writes one float32 value a row, M of them"),
+    _Slip("row_as_mn", "you counted every per-row statistic as M*N values: mean(-1) writes "
+          "one value a row (M of them), and + eps, rsqrt and the read of rstd in h * rstd "
+          "move M values too"),
     _Slip("out_width", "you counted the output of w * h at the wrong width: w and "
           "h.to(x.dtype) are both in x's dtype, so y is too (elem_bytes an element), not "
           "float32"),
@@ -72,7 +74,8 @@ def model_launches(M: int, N: int, e: int, slips: frozenset[str] = frozenset()
     MN = M * N
     converts = e != FP32
     launches = [("to(float32)", MN * e + MN * t)] if converts else []
-    launches += [("pow(2)", 2 * MN * t), ("mean(-1)", MN * t + r * t), ("var + eps", 2 * r * t),
+    mean = M * N if "mean_as_mn" in slips else r
+    launches += [("pow(2)", 2 * MN * t), ("mean(-1)", MN * t + mean * t), ("var + eps", 2 * r * t),
                  ("rsqrt", 2 * r * t), ("h * rstd", 2 * MN * t + r * t)]
     if converts:
         launches.append(("to(x.dtype)", MN * t + MN * e))
