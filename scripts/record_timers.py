@@ -11,8 +11,11 @@ shapes, one whose input fits in L2 and one that does not, with:
   memory), the mean over the repetitions;
 - that timer missing one ingredient: the host clock without synchronising, no warm-up, the
   same input every call, the same output buffer every call;
-- `course.bench.time_rotating` (each call alone, and with `hide_launch`) and
-  `triton.testing.do_bench` on one input.
+- `course.bench.time_rotating` and `triton.testing.do_bench` on one input;
+- the honest timer, the two variants that find data in L2 and course.bench again with the
+  launch hidden (a GPU sleep queued ahead of each start event, as `course.bench` does with
+  `hide_launch`): per-call events otherwise count the host's time issuing a call whenever
+  the kernel is shorter than that, and the host then hides what L2 changes.
 
 Each workload's first timer is "no warm-up", run before anything else touched its kernels
 in this process, and Triton's cache points to an empty folder: the first call compiles, as
@@ -39,7 +42,7 @@ from pathlib import Path
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="record-timers-triton-")
 
 import course  # noqa: E402  (first: it picks the execution mode)
-from course import baselines, bench, hardware, traffic  # noqa: E402
+from course import baselines, bench, hardware, timing, traffic  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -53,19 +56,30 @@ FIELDS = ("gpu", "torch", "triton", "date", "workload", "M", "N", "dtype", "time
           "mean_us", "median_us", "first_us", "ideal_bytes", "copies")
 
 # The timers, in the order each workload runs them ("no warm-up" first: see the docstring).
+# ", launch hidden": a GPU sleep queued ahead of each start event keeps the host's time
+# issuing the call out of the measurement (course.bench's hide_launch), so that what L2
+# changes shows where the host, not the GPU, decides the plain timers' figures.
+HIDDEN = timing.LAUNCH_HIDDEN
 TIMERS = ("no warm-up", "honest", "host clock, no synchronize", "same input every call",
-          "same output every call", "course.bench", "course.bench, hide_launch",
-          "triton do_bench")
+          "same output every call", "course.bench", "triton do_bench", "honest" + HIDDEN,
+          "same input every call" + HIDDEN, "same output every call" + HIDDEN,
+          "course.bench" + HIDDEN)
 
 
 def per_call_seconds(fn: Callable, inputs: Sequence[tuple], reps: int, *, warmup: bool = True,
-                     events: bool = True, rotate: bool = True, keep_outputs: bool = True
-                     ) -> list[float]:
-    """The honest timer of chapter 03, with each ingredient a switch that can be turned off."""
+                     events: bool = True, rotate: bool = True, keep_outputs: bool = True,
+                     hide_launch: bool = False) -> list[float]:
+    """The honest timer of chapter 03, with each ingredient a switch that can be turned off
+    (and the launch hidden as course.bench hides it, on request)."""
+    call_s = 0.0
     if warmup:
         for i in range(WARMUP):
+            t0 = time.perf_counter()
             fn(*inputs[i % len(inputs)])
+            call_s = time.perf_counter() - t0
         torch.cuda.synchronize()
+    # Twice the host's time for a call plus a margin, at a generous 2 GHz (as course.bench).
+    sleep_cycles = int((2 * call_s + 50e-6) * 2e9)
     kept = []
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -73,6 +87,8 @@ def per_call_seconds(fn: Callable, inputs: Sequence[tuple], reps: int, *, warmup
     for i in range(reps):
         args = inputs[i % len(inputs)] if rotate else inputs[0]
         if events:
+            if hide_launch:
+                torch.cuda._sleep(sleep_cycles)
             starts[i].record()
         else:
             t0 = time.perf_counter()
@@ -91,20 +107,22 @@ def per_call_seconds(fn: Callable, inputs: Sequence[tuple], reps: int, *, warmup
 
 
 def run_timer(timer: str, fn: Callable, inputs: Sequence[tuple], nbytes: int) -> list[float]:
+    hidden = timer.endswith(HIDDEN)
+    timer = timer.removesuffix(HIDDEN)
     if timer == "no warm-up":
         return per_call_seconds(fn, inputs, REPS, warmup=False)
     if timer == "honest":
-        return per_call_seconds(fn, inputs, REPS)
+        return per_call_seconds(fn, inputs, REPS, hide_launch=hidden)
     if timer == "host clock, no synchronize":
         return per_call_seconds(fn, inputs, REPS, events=False)
     if timer == "same input every call":
-        return per_call_seconds(fn, inputs, REPS, rotate=False)
+        return per_call_seconds(fn, inputs, REPS, rotate=False, hide_launch=hidden)
     if timer == "same output every call":
-        return per_call_seconds(fn, inputs, REPS, keep_outputs=False)
-    if timer.startswith("course.bench"):
+        return per_call_seconds(fn, inputs, REPS, keep_outputs=False, hide_launch=hidden)
+    if timer == "course.bench":
         copies = itertools.cycle(inputs)
         timing = bench.time_rotating(fn, lambda: next(copies), nbytes, warmup=WARMUP,
-                                     reps=REPS, hide_launch=timer.endswith("hide_launch"))
+                                     reps=REPS, hide_launch=hidden)
         return list(timing.times_s)
     if timer == "triton do_bench":
         args = inputs[0]
