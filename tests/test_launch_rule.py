@@ -31,16 +31,16 @@ class Launch:  # the fields of chapter 08's Launch, as a learner's rule returns 
 
 
 def tuned_rule(n_rows: int, n_cols: int, element_size: int) -> Launch:
-    """A rule built from the H100 sweep: what the chapter's model answer does."""
+    """A rule built from the sweeps of both GPUs: what the chapter's model answer does."""
     block_n = lab_sweeps.next_power_of_2(n_cols)
-    if block_n <= 256:
-        return Launch(rows_per_tile=min(8, lab_sweeps.next_power_of_2(n_rows)))
-    if block_n <= 16384:
-        rows, warps = {512: (4, 4), 1024: (2, 4), 2048: (2, 8), 4096: (1, 8), 8192: (1, 8),
-                       16384: (2, 16)}[block_n]
-        return Launch(rows_per_tile=min(rows, lab_sweeps.next_power_of_2(n_rows)),
-                      num_warps=warps)
-    return Launch(num_warps=16, num_stages=3, chunk_n=8192)
+    if element_size == 4 and block_n <= 32768:
+        return Launch(num_warps=8)
+    if block_n > 8192:
+        long = block_n > 16384
+        return Launch(num_warps=16 if long else 8, num_stages=3 if long else 1, chunk_n=8192)
+    rows, warps = {256: (8, 4), 512: (4, 2), 1024: (2, 2), 2048: (4, 4), 4096: (2, 8),
+                   8192: (2, 8)}[max(block_n, 256)]
+    return Launch(rows_per_tile=min(rows, lab_sweeps.next_power_of_2(n_rows)), num_warps=warps)
 
 
 def no_kernel(*args):
@@ -51,7 +51,7 @@ def test_every_recorded_gpu_has_the_whole_grid():
     sys.path.insert(0, str(ROOT / "scripts"))
     import sweep_lab
 
-    assert "H100" in lab_sweeps.GPUS
+    assert lab_sweeps.GPUS == ("H100", "H200")
     for gpu in lab_sweeps.GPUS:
         points = lab_sweeps.load(gpu)
         assert {p.gpu for p in points} == {gpu} and all(gpu in p.device_name for p in points)
@@ -74,7 +74,8 @@ def test_a_rule_tuned_on_the_sweeps_passes_at_every_shape():
     assert report.passed and report.how == "recorded"
     report = lab.launch_rule(tuned_rule, no_kernel, shapes=SHAPES, quiet=True)
     assert [r.passed for r in report.rows] == [True] * len(SHAPES)
-    assert all(r.target == lab.OF_BEST_RECORDED and r.score >= 0.85 for r in report.rows)
+    # 0.95 or more of the best on both GPUs: well clear of the 0.85 that passes
+    assert all(r.target == lab.OF_BEST_RECORDED and r.score >= 0.95 for r in report.rows)
 
 
 @pytest.mark.parametrize("tuned_for, launch, fails_at", [
