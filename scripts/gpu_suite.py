@@ -48,7 +48,8 @@ EAGER_SHAPES = [(32768, 1024), (16384, 4096), (16384, 8192), (4096, 32768), (102
 GPU_TEST_FILES = ["tests/test_check.py", "tests/test_reference.py", "tests/test_traffic.py",
                   "tests/test_cli.py", "tests/test_runtime.py", "tests/test_bench.py",
                   "tests/test_solution_kernels.py", "tests/test_check_exercises.py",
-                  "tests/test_shootout.py", "tests/test_profile_kernels.py"]
+                  "tests/test_shootout.py", "tests/test_profile_kernels.py",
+                  "tests/test_plain_kernels.py", "tests/test_launch_rule.py"]
 try:
     import ipywidgets  # noqa: F401
     import nbclient  # noqa: F401
@@ -56,7 +57,8 @@ try:
 except ImportError:
     JUPYTER_TEST_FILES: list[str] = []
 else:
-    JUPYTER_TEST_FILES = ["tests/test_widgets.py", "tests/test_grader.py"]
+    JUPYTER_TEST_FILES = ["tests/test_widgets.py", "tests/test_grader.py",
+                          "tests/test_ch03_exercises.py"]
 
 
 def header() -> dict:
