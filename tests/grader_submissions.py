@@ -124,8 +124,7 @@ def write_inbox(course_root: Path, inbox: Path, submissions: list[Submission]) -
 # GPU", COURSE_GRADING=1), for every submission; on a GPU they measure the kernel.
 GPU_ONLY_CELLS = ("ex03_two_pass_bandwidth", "ex04_fused_bandwidth",
                   "ex05_add_rmsnorm_bandwidth", "ex06_layernorm_bandwidth",
-                  "ex07_backward_bandwidth", "ex07_layernorm_bandwidth",
-                  "ex08_tuned_rmsnorm_beats_compile")
+                  "ex07_backward_bandwidth", "ex07_layernorm_bandwidth")
 
 
 def gpu_only_cells_of(root: Path, chapter: str) -> set[str]:
@@ -536,4 +535,19 @@ def ch03_submissions() -> list[Submission]:
         Submission("mistakes_a", "ch03_two_pass", "; ".join(m.what for m in mistakes),
                    {grade_id: answers[grade_id] for grade_id in edits},
                    tuple(g for m in mistakes for g in m.loses), mistakes[0].phrase),
+    ]
+
+
+def ch08_submissions() -> list[Submission]:
+    """The correct chapter 08, and a launch rule tuned for one row length: the launch that
+    wins at 4096 columns, everywhere. Its correctness cells keep their points (the kernel
+    is right at any launch that compiles); the launch rule's cell loses them."""
+    code = solutions(ROOT, "ch08_performance_lab")["ex08_tuned_rmsnorm_code"]
+    head, rest = code.split("    block_n = triton.next_power_of_2(n_cols)\n", 1)
+    one_shape = head + "    return Launch(num_warps=8)\n\n\n" + rest[rest.index("def rmsnorm("):]
+    return [
+        Submission("correct", "ch08_performance_lab"),
+        Submission("one_shape", "ch08_performance_lab", "a launch rule tuned for 4096 columns",
+                   {"ex08_tuned_rmsnorm_code": one_shape}, ("ex08_launch_rule",),
+                   "Your launch rule falls short at bfloat16 N = 512"),
     ]

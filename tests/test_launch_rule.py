@@ -31,7 +31,8 @@ class Launch:  # the fields of chapter 08's Launch, as a learner's rule returns 
 
 
 def tuned_rule(n_rows: int, n_cols: int, element_size: int) -> Launch:
-    """A rule built from the sweeps of both GPUs: what the chapter's model answer does."""
+    """A rule built from the sweeps of both GPUs (a table; the chapter's model answer is a
+    formula)."""
     block_n = lab_sweeps.next_power_of_2(n_cols)
     if element_size == 4 and block_n <= 32768:
         return Launch(num_warps=8)
@@ -120,3 +121,32 @@ def test_a_launch_travels_from_the_learners_process_as_its_fields():
     with pytest.raises(AttributeError, match="read-only"):
         got.num_warps = 4
     assert learner._plain_fields(dataclasses.make_dataclass("Holder", ["fn"])(print)) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(course.on_gpu(), reason="the points without a GPU (the rule is judged on "
+                    "the recorded sweeps there)")
+def test_a_rule_tuned_for_one_shape_loses_the_launch_rule_cell_only(tmp_path):
+    """Graded as `make autograde` grades it: the verifier, the learner's code in a process
+    of its own, the Launch coming back as its fields."""
+    from course.verify.verifier import verify
+
+    import nbformat
+    from grader_submissions import (
+        answered,
+        ch08_submissions,
+        expected_points,
+        solutions,
+        source_path,
+    )
+
+    sub = next(s for s in ch08_submissions() if s.student == "one_shape")
+    path = tmp_path / sub.chapter / f"{sub.chapter}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(answered(ROOT / "notebooks" / sub.chapter / f"{sub.chapter}.ipynb",
+                            solutions(ROOT, sub.chapter) | sub.replaced), path)
+    verdict = verify(path, source_path(ROOT, sub.chapter), cell_timeout_s=300)
+    got = {c.grade_id: c.points for c in verdict.cells}
+    assert got == expected_points(ROOT, sub), (sub.what, verdict.to_json()[:4000])
+    lost = next(c for c in verdict.cells if c.grade_id == "ex08_launch_rule")
+    assert sub.reason in lost.reason and "1 row(s) per tile, 8 warps" in lost.reason, lost.reason
