@@ -44,6 +44,11 @@ def tuned_rule(n_rows: int, n_cols: int, element_size: int) -> Launch:
     return Launch(rows_per_tile=min(rows, lab_sweeps.next_power_of_2(n_rows)), num_warps=warps)
 
 
+# Without a GPU a rule is judged on the recorded sweeps; with one, `rmsnorm` is timed instead
+# (test_gpu_the_rule_is_timed_on_a_gpu).
+recorded_only = pytest.mark.skipif(course.on_gpu(), reason="on a GPU the rule is timed")
+
+
 def no_kernel(*args):
     raise AssertionError("without a GPU the check must not run the kernel")
 
@@ -70,6 +75,7 @@ def test_every_recorded_gpu_has_the_whole_grid():
                                     best.fraction_of_copy, rel_tol=0.01)
 
 
+@recorded_only
 def test_a_rule_tuned_on_the_sweeps_passes_at_every_shape():
     report = lab.launch_rule(tuned_rule, no_kernel, quiet=True)
     assert report.passed and report.how == "recorded"
@@ -79,6 +85,7 @@ def test_a_rule_tuned_on_the_sweeps_passes_at_every_shape():
     assert all(r.target == lab.OF_BEST_RECORDED and r.score >= 0.95 for r in report.rows)
 
 
+@recorded_only
 @pytest.mark.parametrize("tuned_for, launch, fails_at", [
     ("N = 4096", Launch(num_warps=8), 256),
     ("N = 256", Launch(rows_per_tile=16, num_warps=16), 3072),
@@ -91,6 +98,7 @@ def test_a_rule_tuned_for_one_shape_fails_elsewhere(tuned_for, launch, fails_at)
     assert f"bfloat16 N = {fails_at}" in short_at, (tuned_for, short_at)
 
 
+@recorded_only
 def test_a_launch_the_sweeps_did_not_time_fails_with_the_reason():
     def spills(n_rows, n_cols, element_size):  # one row over 4 warps, at any length
         return Launch()
@@ -101,6 +109,7 @@ def test_a_launch_the_sweeps_did_not_time_fails_with_the_reason():
     assert "not among the recorded launches" in str(failed.value)
 
 
+@recorded_only
 def test_bad_rules_and_shapes_get_clear_errors():
     with pytest.raises(AssertionError, match=r"returned 3, not a Launch"):
         lab.launch_rule(lambda m, n, e: 3, no_kernel)
@@ -150,3 +159,21 @@ def test_a_rule_tuned_for_one_shape_loses_the_launch_rule_cell_only(tmp_path):
     assert got == expected_points(ROOT, sub), (sub.what, verdict.to_json()[:4000])
     lost = next(c for c in verdict.cells if c.grade_id == "ex08_launch_rule")
     assert sub.reason in lost.reason and "1 row(s) per tile, 8 warps" in lost.reason, lost.reason
+
+
+@pytest.mark.gpu
+def test_gpu_the_rule_is_timed_on_a_gpu():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sweep_lab  # the chapter's own kernels, from its notebook
+
+    lab_kernels = sweep_lab.lab_namespace()
+    chapter_launch, rmsnorm_launch = lab_kernels["Launch"], lab_kernels["rmsnorm_launch"]
+
+    def rule_of(rule):
+        return lambda x, w, eps=1e-6: rmsnorm_launch(
+            x, w, eps, lambda m, n, e: chapter_launch(**dataclasses.asdict(rule(m, n, e))))
+
+    report = lab.launch_rule(tuned_rule, rule_of(tuned_rule), quiet=True)
+    assert report.how == "measured" and report.passed, str(report)
+    with pytest.raises(AssertionError, match="falls short at bfloat16 N = 512"):
+        lab.launch_rule(tuned_rule, rule_of(lambda m, n, e: Launch(num_warps=8)))
