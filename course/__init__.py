@@ -11,5 +11,7 @@ except ModuleNotFoundError as exc:  # say what is missing instead of a deep trac
         f"the course needs {exc.name!r}, which is not installed in this Python "
         f"({exc}). Run `make test` (it builds .venv) or `pip install -e .`.") from exc
 
-__all__ = ["DEVICE", "MODE", "banner", "on_gpu"]
+from course.access_picture import show_accesses
+
+__all__ = ["DEVICE", "MODE", "banner", "on_gpu", "show_accesses"]
 __version__ = "0.1.0"

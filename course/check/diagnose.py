@@ -351,3 +351,25 @@ def advise(results: Sequence[CaseResult], suspects: Sequence[Suspect] = (),
         detail = "\n".join(m.describe() for m in example.mismatches)
         advice.append(f"{text}\n  First wrong case, {example.case.label()}:\n{detail}")
     return advice
+
+
+# Diagnoses about addresses, which elements a kernel loads and stores: a picture of its
+# accesses shows them (course.check.address_pictures).
+ADDRESS_RULES = frozenset({"all_poison", "tail", "strided", "nd_row_stride", "row_offset",
+                           "wide", "mask", "edge"})
+ADDRESS_FINDINGS = frozenset({"input_written", "input_guard_written", "output_margin_written"})
+
+
+def address_failure(results: Sequence[CaseResult], suspects: Sequence[Suspect] = ()
+                    ) -> CaseResult | None:
+    """The case to picture when the failures are diagnosed as a matter of addresses: the
+    example case of an address rule (the one `advise` shows), else the first case with an
+    address finding; None when no diagnosis is about addresses."""
+    _, explained = _suspect_advice(results, suspects)
+    remaining = _without(results, explained)
+    value = _value_advice(remaining)
+    if value is not None and value[0] in ADDRESS_RULES:
+        example = next(r for r in remaining if r.mismatches)
+        return next(r for r in results if r.case == example.case)
+    return next((r for r in results if not r.passed
+                 and any(f.kind in ADDRESS_FINDINGS for f in r.findings)), None)

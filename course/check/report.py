@@ -15,6 +15,10 @@ class Report:
     results: list[CaseResult]
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Under a failure about addresses: what the kernel touched on a smaller run of the case,
+    # and what a correct kernel touches (course.access_picture.AccessPicture; a notebook
+    # shows them under the message, see course.check.address_pictures).
+    pictures: list = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -52,6 +56,9 @@ class Report:
     def message(self) -> str:
         """The text of the AssertionError raised when the report fails."""
         head = f"{self.exercise} check failed.\n\n" + "\n\n".join(self.advice)
+        if self.pictures:
+            head += "\n\nWhat the kernels touched (pictured under this message in a notebook):\n"
+            head += "\n".join(f"  {p.title}: {p.caption}" for p in self.pictures)
         return f"{head}\n\n{self.summary()}"
 
     def show(self) -> None:

@@ -18,7 +18,6 @@ from course.check.cases import Case, row_shape_cases
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise, Suspect, Tensors
-from course.check.suite import check_and_raise
 
 import torch
 
@@ -160,11 +159,15 @@ RMSNORM_FORWARD = Exercise(
 def rmsnorm_forward(fn: Callable, *, seed: int | None = None, max_launches: int = 1,
                     quiet: bool = False) -> Report:
     """Check a learner's `rmsnorm(x, weight, eps=1e-6)` on every case; raise AssertionError
-    with advice on failure, return the report (printed unless quiet) on success."""
+    with advice on failure (and, for a failure about addresses, pictures of what the kernel
+    touched: course.check.address_pictures), return the report (printed unless quiet) on
+    success."""
+    from course.check.address_pictures import check_with_pictures  # imports Triton
+
     exercise = RMSNORM_FORWARD
     if max_launches != exercise.max_launches:
         exercise = replace(exercise, max_launches=max_launches)
-    return check_and_raise(exercise, fn, seed=seed, quiet=quiet)
+    return check_with_pictures(exercise, fn, seed=seed, quiet=quiet)
 
 
 @learner_facing
