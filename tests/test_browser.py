@@ -53,6 +53,8 @@ pytestmark = [
 ]
 
 ROW_OFFSET_ADVICE = "Row 0 is right but the other rows are wrong"
+# The access picture's caption for that kernel (course.access_picture).
+ROW_OFFSET_PICTURE = "every program read row 0 of x: the load's row offset is missing"
 
 
 # ---------------------------------------------------------------- fixtures
@@ -235,6 +237,25 @@ def assert_laid_out_and_save(cell: Locator, screenshot: Path) -> None:
     cell.locator(".jp-OutputArea").screenshot(path=screenshot)
 
 
+def assert_legible_at_1024_px(page: Page, cell: Locator, screenshot: Path) -> None:
+    """On a 1024-pixel-wide screen, every access picture in the cell's output fits the
+    output area and is shown at 80 % of its drawn size or more (its numbers stay readable).
+    Save the screen with the first picture at its bottom, what came before above it."""
+    page.set_viewport_size(NARROW_VIEWPORT)
+    try:
+        pictures = cell.locator(".course-access-picture")
+        for picture in pictures.all():
+            shown, drawn, right, edge = picture.evaluate(
+                "p => [p.querySelector('img').clientWidth, p.querySelector('img').naturalWidth,"
+                " p.querySelector('img').getBoundingClientRect().right,"
+                " p.closest('.jp-OutputArea-output').getBoundingClientRect().right]")
+            assert shown >= 0.8 * drawn and right <= edge + 1, (shown, drawn, right, edge)
+        pictures.first.evaluate("p => p.scrollIntoView({block: 'end'})")
+        page.screenshot(path=screenshot)
+    finally:
+        page.set_viewport_size(VIEWPORT)
+
+
 # ---------------------------------------------------------------- the traffic calculator
 
 
@@ -282,12 +303,21 @@ def test_release_notebook_explains_a_wrong_kernel_and_its_calculator_follows_the
         "course: no GPU visible, kernels run in Triton's interpreter on the CPU")
     page.screenshot(path=artifacts / "ch04-release-1-setup.png")
 
-    # The learner writes a kernel with a bug, runs everything before it, then the check.
+    # The learner writes a kernel with a bug, runs everything before it, then looks at what
+    # it touches (course.show_accesses, the cell after the exercise), then runs the check.
     exercise = cell_with(page, "def rmsnorm_kernel(")
     replace_source(page, exercise, CH04_ROW_OFFSET)
     run_all_above(page, exercise, last_above=cell_with(page, "LENGTHS = ("))
     run_cell(page, exercise)
     assert_no_tracebacks(page)
+    accesses_cell = cell_with(page, "course.show_accesses(rmsnorm, x_small")
+    run_cell(page, accesses_cell)
+    assert_no_tracebacks(page)
+    picture = accesses_cell.locator(".course-access-picture")
+    expect(picture.locator("img")).to_be_visible()
+    expect(picture).to_contain_text(ROW_OFFSET_PICTURE)
+    assert_legible_at_1024_px(page, accesses_cell, artifacts / "ch04-release-2-show-accesses.png")
+
     check = cell_with(page, "check.rmsnorm_forward(rmsnorm)")
     run_cell(page, check)
     diagnosis = output_text(check)
@@ -295,7 +325,19 @@ def test_release_notebook_explains_a_wrong_kernel_and_its_calculator_follows_the
     assert ROW_OFFSET_ADVICE in diagnosis, diagnosis
     assert re.search(r"rows 1\.\.\d+ of 0\.\.\d+", diagnosis), diagnosis
     check.locator(".jp-OutputArea").scroll_into_view_if_needed()
-    page.screenshot(path=artifacts / "ch04-release-2-wrong-kernel-diagnosis.png")
+    page.screenshot(path=artifacts / "ch04-release-3-wrong-kernel-diagnosis.png")
+    # Under the failed check's message: the picture of the learner's kernel on a smaller
+    # run of the failing case, then a correct kernel's on the same input.
+    pictures = check.locator(".course-access-picture")
+    expect(pictures).to_have_count(2)
+    expect(pictures.first).to_contain_text(ROW_OFFSET_PICTURE)
+    expect(pictures.nth(1)).to_contain_text("A correct kernel on the same input: each program "
+                                            "p read row p and wrote row p")
+    message = check.locator(".jp-OutputArea-output", has_text="rmsnorm_forward check failed")
+    assert message.bounding_box()["y"] < pictures.first.bounding_box()["y"]
+    for number in range(2):
+        expect(pictures.nth(number).locator("img")).to_be_visible()
+    assert_legible_at_1024_px(page, check, artifacts / "ch04-release-4-check-picture.png")
 
     calculator_cell = cell_with(page, 'widgets.traffic_calculator("fused_rmsnorm"')
     run_cell(page, calculator_cell)
@@ -307,7 +349,7 @@ def test_release_notebook_explains_a_wrong_kernel_and_its_calculator_follows_the
     N = int(slider(calculator, "N (row)").locator(".widget-readout").inner_text())
     for line in expected_lines(M, N, dtype, gpu):
         expect(calculator).to_contain_text(line)
-    assert_laid_out_and_save(calculator_cell, artifacts / "ch04-release-3-calculator.png")
+    assert_laid_out_and_save(calculator_cell, artifacts / "ch04-release-5-calculator.png")
 
     # One step right on N, one step left on M: the next and previous slider values.
     n_values, m_values = shape_values(MAX_N, N), shape_values(MAX_M, M)
@@ -320,7 +362,7 @@ def test_release_notebook_explains_a_wrong_kernel_and_its_calculator_follows_the
     for line in expected_lines(M, N, dtype, gpu):
         assert line not in calculator.inner_text(), f"still showing {line!r}"
     assert calculator.inner_text() != before
-    calculator.screenshot(path=artifacts / "ch04-release-4-calculator-moved.png")
+    calculator.screenshot(path=artifacts / "ch04-release-6-calculator-moved.png")
 
 
 def test_source_notebook_runs_to_its_calculator_and_its_solution_passes(open_notebook,
