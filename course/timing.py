@@ -298,22 +298,25 @@ def recorded(gpu: str) -> list[dict[str, str]]:
 
 
 def recorded_table(rows: Sequence[dict[str, str]]) -> str:
-    """Each workload and shape's timers, mean microseconds a call and the ratio to the
-    honest timer, with the GPU, versions and date they were recorded with."""
+    """Each workload and shape's timers, mean and median microseconds a call, each with its
+    ratio to the honest timer's, with the GPU, versions and date they were recorded with.
+    (A mistake that adds one slow call shows in the mean; the median shows the rest.)"""
     if not rows:
         raise ValueError("no rows to show")
     first = rows[0]
     lines = [f"recorded on {first['gpu']}, torch {first['torch']}, triton {first['triton']}, "
-             f"{first['date']} (mean of {first['reps']} calls)"]
+             f"{first['date']} ({first['reps']} calls each)"]
     groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
     for row in rows:
         groups.setdefault((row["workload"], row["M"], row["N"]), []).append(row)
     for (name, M, N), group in groups.items():
-        means = {r["timer"]: float(r["mean_us"]) for r in group}
-        lines.append(f"{name}, {M} x {N} {first['dtype']}:")
-        for timer, mean in means.items():
+        by_timer = {r["timer"]: (float(r["mean_us"]), float(r["median_us"])) for r in group}
+        lines.append(f"{name}, {M} x {N} {first['dtype']}:{'mean':>31}{'median':>22}")
+        for timer, (mean, median) in by_timer.items():
             # Timers with the launch hidden are compared with the honest one hiding it too.
             hidden = "honest" + LAUNCH_HIDDEN
-            base = hidden if timer.endswith(LAUNCH_HIDDEN) and hidden in means else "honest"
-            lines.append(f"  {timer:<42} {mean:10.1f} us  {mean / means[base]:6.2f}x {base}")
+            base = hidden if timer.endswith(LAUNCH_HIDDEN) and hidden in by_timer else "honest"
+            base_mean, base_median = by_timer[base]
+            lines.append(f"  {timer:<36} {mean:9.1f} us {mean / base_mean:6.2f}x "
+                         f"{median:9.1f} us {median / base_median:6.2f}x  ({base})")
     return "\n".join(lines)

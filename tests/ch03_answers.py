@@ -62,7 +62,8 @@ MISTAKES = {
         "times with the host's clock and never synchronises",
         {TIMER: [("    starts = [", "    start = gpu.clock()\n    starts = ["),
                  ("    gpu.synchronize()  # the GPU has reached every end event\n"
-                  "    return sum(s.elapsed_time(e) for s, e in zip(starts, ends)) / reps / 1e3",
+                  "    return sum(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))"
+                  " / reps / 1e3",
                   "    return (gpu.clock() - start) / reps")]},
         _TIMER_CELLS, "it measured the launch only"),
     "no_warmup": Mistake(

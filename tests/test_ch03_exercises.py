@@ -139,19 +139,20 @@ def test_a_gpu_workload_without_a_gpu_says_it_needs_one():
 
 def test_recorded_timers_are_shown_with_their_gpu_and_ratios(tmp_path, monkeypatch):
     fields = ("gpu", "torch", "triton", "date", "workload", "M", "N", "dtype", "timer", "reps",
-              "mean_us")
+              "mean_us", "median_us")
     same = {"gpu": "NVIDIA H100", "torch": "2.11.0", "triton": "3.6.0", "date": "2026-11-26",
             "workload": "eager RMSNorm", "M": "2048", "N": "2048", "dtype": "bf16",
             "reps": "30"}
     with open(tmp_path / "timers-h100.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
-        writer.writerow(dict(same, timer="honest", mean_us="50.0"))
-        writer.writerow(dict(same, timer="same input every call", mean_us="30.0"))
+        writer.writerow(dict(same, timer="honest", mean_us="50.0", median_us="40.0"))
+        writer.writerow(dict(same, timer="same input every call", mean_us="30.0",
+                             median_us="36.0"))
     monkeypatch.setattr(timing, "DATA", tmp_path)
     table = timing.recorded_table(timing.recorded("H100"))
     assert "NVIDIA H100, torch 2.11.0, triton 3.6.0, 2026-11-26" in table
-    assert "0.60x honest" in table
+    assert "30.0 us   0.60x      36.0 us   0.90x  (honest)" in table
     with pytest.raises(FileNotFoundError, match="record_timers"):
         timing.recorded("h200")
 
