@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
 import textwrap
+import threading
 import time
 
 import course  # picks the mode before triton is imported
@@ -191,6 +193,21 @@ def test_a_request_past_its_deadline_is_interrupted_and_the_process_carries_on(l
     with pytest.raises(CellTimedOut):
         learner.function("spins")()
     learner.process.deadline = None
+    assert torch.equal(learner.function("scale")(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_an_interrupt_that_lands_before_the_request_begins_still_stops_it(learner):
+    """A deadline that runs out while the learner's process has not yet read the request (a
+    loaded machine: here it is stopped, and resumed once the interrupt is sent): the
+    interrupt is sent again until it stops the request, and the process carries on."""
+    pid = learner.process.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    threading.Timer(1.5, os.kill, (pid, signal.SIGCONT)).start()
+    learner.process.deadline = time.monotonic() + 1.0
+    with pytest.raises(CellTimedOut):
+        learner.function("spins")()
+    learner.process.deadline = None
+    assert learner.process.lost is None
     assert torch.equal(learner.function("scale")(torch.ones(2)), torch.full((2,), 2.0))
 
 

@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import os
 import signal
+import struct
 import sys
 import traceback
 from collections.abc import Callable
@@ -333,26 +334,50 @@ class Server:
         return self._watched(message, run)[0]
 
 
-def serve(read_fd: int, write_fd: int) -> None:
+class _Interrupts:
+    """SIGINT stops a request only if the verifier meant that request: it writes the
+    request's number on the interrupt pipe before signalling (and signals again until the
+    reply comes), so an interrupt that lands between requests, or before this one began,
+    is ignored rather than lost or turned against the next one."""
+
+    def __init__(self, fd: int):
+        self.fd, self.wanted, self.running = fd, 0, 0
+        os.set_blocking(fd, False)
+        signal.signal(signal.SIGINT, self.on_signal)
+
+    def on_signal(self, signum, frame) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            data = os.read(self.fd, 4096)
+            for k in range(0, len(data) - 7, 8):
+                self.wanted = max(self.wanted, struct.unpack(">Q", data[k:k + 8])[0])
+        if self.running and self.wanted == self.running:
+            raise KeyboardInterrupt
+
+
+def serve(read_fd: int, write_fd: int, interrupt_fd: int) -> None:
     server = Server()
+    interrupts = _Interrupts(interrupt_fd)
     protocol.write_message(write_fd, {"ready": True, "mode": runtime.MODE,
                                       "snapshot": len(server.snapshot)})
+    number = 0
     while True:
         try:
             message = protocol.read_message(read_fd)
-        except KeyboardInterrupt:  # an interrupt meant for a request that already ended
-            continue
         except protocol.ChannelClosed:
             return
+        number += 1
         if message.get("op") == "exit":
             return
         try:
+            interrupts.running = number
             reply = server.handle(message)
         except KeyboardInterrupt:
             reply = {"error": _error(KeyboardInterrupt("interrupted")), "tampering": []}
         except Exception:  # a fault of ours: said, and the verifier decides
             reply = {"error": {"type": "VerifierError", "message": traceback.format_exc(),
                                "frame": "", "fatal": False, "bases": []}, "tampering": []}
+        finally:
+            interrupts.running = 0
         protocol.write_message(write_fd, reply)
 
 
@@ -368,9 +393,9 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    read_fd, write_fd = int(args[0]), int(args[1])
+    read_fd, write_fd, interrupt_fd = int(args[0]), int(args[1]), int(args[2])
     _die_with_parent()
-    serve(read_fd, write_fd)
+    serve(read_fd, write_fd, interrupt_fd)
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown: the learner's atexit hooks and threads stay out
 

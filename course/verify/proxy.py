@@ -18,6 +18,7 @@ import builtins
 import contextlib
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -96,15 +97,19 @@ class LearnerProcess:
         meanwhile): the verifier starts the next submission's while it grades one."""
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
+        interrupts_in, self._interrupts = os.pipe()  # which request an interrupt is for
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "course.verify.learner", str(to_child), str(from_child)],
-                pass_fds=(to_child, from_child), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env, start_new_session=True)
-        os.close(to_child)
-        os.close(from_child)
+                [sys.executable, "-m", "course.verify.learner", str(to_child), str(from_child),
+                 str(interrupts_in)],
+                pass_fds=(to_child, from_child, interrupts_in), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
+                start_new_session=True)
+        for fd in (to_child, from_child, interrupts_in):
+            os.close(fd)
         self._write, self._read = from_parent, to_parent
+        self.requests = 0
         self.lost = None
 
     def log_tail(self, lines: int = 15) -> str:
@@ -119,6 +124,7 @@ class LearnerProcess:
             raise LearnerLost(self.lost)
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise CellTimedOut("the cell's time limit ran out")
+        self.requests += 1
         try:
             protocol.write_message(self._write, message)
         except OSError:
@@ -148,14 +154,27 @@ class LearnerProcess:
         if self.process is None or self.process.poll() is not None:
             self._kill("the learner's process ended")
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGINT)
-        try:
-            protocol.read_message(self._read, time.monotonic() + INTERRUPT_GRACE_S)
-        except (protocol.ChannelTimeout, protocol.ChannelClosed):
+        # The interrupt names its request, and is sent again until the reply comes: one
+        # that lands before the learner's process has begun the request (it is still
+        # reading it) is ignored there, and the next one stops the request.
+        with contextlib.suppress(OSError):
+            os.write(self._interrupts, struct.pack(">Q", self.requests))
+        give_up = time.monotonic() + INTERRUPT_GRACE_S
+        while True:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGINT)
+            try:
+                protocol.read_message(self._read, min(give_up, time.monotonic() + 0.5))
+                return
+            except protocol.ChannelTimeout:
+                if time.monotonic() < give_up:
+                    continue
+            except protocol.ChannelClosed:
+                pass
             self._kill(f"the learner's code did not stop within {INTERRUPT_GRACE_S:.0f} s of "
                        "being interrupted (on a GPU, a kernel that never returns), so its "
                        "process was killed")
+            return
 
     def _kill(self, why: str) -> None:
         self.lost = why
@@ -163,11 +182,12 @@ class LearnerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-        for fd in (getattr(self, "_read", None), getattr(self, "_write", None)):
+        for fd in (getattr(self, "_read", None), getattr(self, "_write", None),
+                   getattr(self, "_interrupts", None)):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self._read = self._write = None
+        self._read = self._write = self._interrupts = None
 
     def close(self) -> None:
         if self.lost is None and self.process is not None and self.process.poll() is None:
