@@ -14,9 +14,12 @@ from dataclasses import replace
 import course
 from course import access_picture, accesses, check, runtime
 from course.access_picture import MAX_COLS, MAX_ROWS, show_accesses
+from course.check import address_pictures
 from course.check.address_pictures import check_with_pictures, small_case
 from course.check.cases import row_shape_cases
+from course.check.layernorm import LAYERNORM_FORWARD
 from course.check.rmsnorm import RMSNORM_FORWARD
+from course.check.two_pass import TWO_PASS
 
 import pytest
 import rmsnorm_variants as variants
@@ -338,3 +341,79 @@ def test_the_smaller_case_keeps_what_makes_the_case_fail_and_can_be_drawn():
         assert (n & (n - 1) == 0) == (case.n & (case.n - 1) == 0), case
         assert n % 16 == case.n % 16 and rows % 16 == case.rows % 16, case
         assert bool(small.row_padding) == bool(case.row_padding)
+
+
+# ------------------------------------------- chapter 03's and chapter 06's checks, the same way
+
+@triton.jit
+def _two_pass_by_n_kernel(x_ptr, w_ptr, y_ptr, n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * n_cols + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def two_pass_by_n(x, weight, eps=1e-6):
+    """Chapter 03's two-pass kernel with its row offset from N, not x's row stride."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    _two_pass_by_n_kernel[(x2.shape[0],)](x2, weight, y, x2.shape[1], eps, BLOCK_N=16)
+    return y.view(x.shape)
+
+
+@triton.jit
+def _layernorm_unmasked_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x, stride_y, n_cols, eps,
+                               BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    x = tl.load(x_ptr + row * stride_x + cols).to(tl.float32)
+    mean = tl.sum(x) / n_cols
+    diff = x - mean
+    rstd = 1.0 / tl.sqrt(tl.sum(diff * diff) / n_cols + eps)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    b = tl.load(b_ptr + cols).to(tl.float32)
+    tl.store(y_ptr + row * stride_y + cols, (diff * rstd * w + b).to(y_ptr.dtype.element_ty))
+
+
+def layernorm_unmasked(x, weight, bias, eps=1e-5):
+    """Chapter 06's LayerNorm with no mask: the block past N reads the next row."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    _layernorm_unmasked_kernel[(x2.shape[0],)](x2, weight, bias, y, x2.stride(0), y.stride(0),
+                                               x2.shape[1], eps,
+                                               BLOCK_N=triton.next_power_of_2(x2.shape[1]))
+    return y.view(x.shape)
+
+
+def _float32_rows(exercise):
+    return replace(exercise, cases=tuple(c for c in exercise.cases if c.dtype == torch.float32
+                                         and "wide" not in c.tags))
+
+
+@pytest.mark.parametrize("checker, exercise, fn, named", [
+    ("rmsnorm_two_pass", TWO_PASS, two_pass_by_n, "instead of x's row stride"),
+    ("layernorm_forward", LAYERNORM_FORWARD, layernorm_unmasked, "the mask is missing"),
+])
+def test_the_two_pass_and_layernorm_checks_picture_an_address_bug_too(checker, exercise, fn,
+                                                                       named, monkeypatch):
+    with pytest.raises(AssertionError) as failure:
+        check_with_pictures(_float32_rows(exercise), fn, seed=11)
+    yours, correct = failure.value.pictures
+    assert named in yours.caption.lower() and yours.wrong and not correct.wrong, yours.caption
+    assert yours.caption in str(failure.value)
+    # and the chapter's checker is the one that makes them
+    used = []
+    monkeypatch.setattr(address_pictures, "check_with_pictures",
+                        lambda exercise, fn, **kw: used.append(exercise))
+    getattr(check, checker)(fn)
+    assert used == [exercise]
