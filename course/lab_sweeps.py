@@ -15,6 +15,7 @@ over the ideal bytes, as a fraction of the copy bandwidth measured in the same p
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -177,12 +178,17 @@ def parse(row: Mapping[str, str]) -> SweepPoint:
     return SweepPoint(**values)
 
 
-def load(gpu: str) -> list[SweepPoint]:
-    """Every point recorded on `gpu` (one of GPUS)."""
+def load(gpu: str) -> tuple[SweepPoint, ...]:
+    """Every point recorded on `gpu` (one of GPUS); the file is read once a process."""
     if gpu not in GPUS:
         raise ValueError(f"no sweep was recorded on {gpu!r}; recorded: {', '.join(GPUS)}")
-    with SWEEP_FILES[gpu].open(newline="") as f:
-        return [parse(row) for row in csv.DictReader(f)]
+    return _read(SWEEP_FILES[gpu])
+
+
+@functools.cache
+def _read(path: Path) -> tuple[SweepPoint, ...]:
+    with path.open(newline="") as f:
+        return tuple(parse(row) for row in csv.DictReader(f))
 
 
 def write(points: Iterable[SweepPoint], path: Path) -> None:

@@ -120,6 +120,19 @@ def write_inbox(course_root: Path, inbox: Path, submissions: list[Submission]) -
         nbformat.write(nb, folder / f"{sub.chapter}.ipynb")
 
 
+def verified(sub: Submission, tmp_path: Path):
+    """The verifier's verdict on `sub` (course.verify: the learner's cells in a process of
+    their own, the test cells in this one), its notebook built as the autograder's tests
+    build it."""
+    from course.verify.verifier import verify
+
+    path = tmp_path / sub.chapter / f"{sub.chapter}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(answered(ROOT / "notebooks" / sub.chapter / f"{sub.chapter}.ipynb",
+                            solutions(ROOT, sub.chapter) | sub.replaced), path)
+    return verify(path, source_path(ROOT, sub.chapter), cell_timeout_s=300)
+
+
 # The test cells that measure speed. Under the autograder they fail without a GPU ("needs a
 # GPU", COURSE_GRADING=1), for every submission; on a GPU they measure the kernel.
 GPU_ONLY_CELLS = ("ex03_two_pass_bandwidth", "ex04_fused_bandwidth",

@@ -140,30 +140,14 @@ def test_row_blocks_cover_every_row_once():
 
 # --------------------------------------------------------------------------- graded for real
 
-def _verified(sub, tmp_path):
-    """The verifier's verdict (course.verify: the learner's cells in a process of their
-    own, the test cells here) on `sub`, built as the autograder's tests build it."""
-    nbformat = pytest.importorskip("nbformat")
-    from course.verify.verifier import verify
-
-    from grader_submissions import ROOT, answered, solutions, source_path
-
-    answers = solutions(ROOT, sub.chapter) | sub.replaced
-    path = tmp_path / sub.chapter / f"{sub.chapter}.ipynb"
-    path.parent.mkdir(parents=True)
-    nbformat.write(answered(ROOT / "notebooks" / sub.chapter / f"{sub.chapter}.ipynb",
-                            answers), path)
-    return verify(path, source_path(ROOT, sub.chapter), cell_timeout_s=300)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(runtime.on_gpu(), reason="the points without a GPU (speed cells fail)")
 @pytest.mark.parametrize("student", ["mistakes_a"])  # three mistakes, three exercises
 def test_a_mistake_graded_by_the_verifier_loses_its_own_cells_only(student, tmp_path):
-    from grader_submissions import ROOT, ch07_submissions, expected_points
+    from grader_submissions import ROOT, ch07_submissions, expected_points, verified
 
     sub = next(s for s in ch07_submissions() if s.student == student)
-    verdict = _verified(sub, tmp_path)
+    verdict = verified(sub, tmp_path)
     got = {c.grade_id: c.points for c in verdict.cells}
     assert got == expected_points(ROOT, sub), (sub.what, verdict.to_json()[:4000])
     first = next(c for c in verdict.cells if c.grade_id == sub.loses[0])

@@ -163,24 +163,10 @@ def test_recorded_timers_are_shown_with_their_gpu_and_ratios(tmp_path, monkeypat
 @pytest.mark.slow
 @pytest.mark.skipif(runtime.on_gpu(), reason="the points without a GPU (speed cells fail)")
 def test_the_mistakes_graded_by_the_verifier_lose_their_own_cells_only(tmp_path):
-    from course.verify.verifier import verify
-
-    import nbformat
-    from grader_submissions import (
-        ROOT,
-        answered,
-        ch03_submissions,
-        expected_points,
-        solutions,
-        source_path,
-    )
+    from grader_submissions import ROOT, ch03_submissions, expected_points, verified
 
     sub = next(s for s in ch03_submissions() if s.student == "mistakes_a")
-    path = tmp_path / sub.chapter / f"{sub.chapter}.ipynb"
-    path.parent.mkdir(parents=True)
-    nbformat.write(answered(ROOT / "notebooks" / sub.chapter / f"{sub.chapter}.ipynb",
-                            solutions(ROOT, sub.chapter) | sub.replaced), path)
-    verdict = verify(path, source_path(ROOT, sub.chapter), cell_timeout_s=300)
+    verdict = verified(sub, tmp_path)
     got = {c.grade_id: c.points for c in verdict.cells}
     assert got == expected_points(ROOT, sub), (sub.what, verdict.to_json()[:4000])
     by_id = {c.grade_id: c for c in verdict.cells}

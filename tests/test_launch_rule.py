@@ -138,23 +138,10 @@ def test_a_launch_travels_from_the_learners_process_as_its_fields():
 def test_a_rule_tuned_for_one_shape_loses_the_launch_rule_cell_only(tmp_path):
     """Graded as `make autograde` grades it: the verifier, the learner's code in a process
     of its own, the Launch coming back as its fields."""
-    from course.verify.verifier import verify
-
-    import nbformat
-    from grader_submissions import (
-        answered,
-        ch08_submissions,
-        expected_points,
-        solutions,
-        source_path,
-    )
+    from grader_submissions import ch08_submissions, expected_points, verified
 
     sub = next(s for s in ch08_submissions() if s.student == "one_shape")
-    path = tmp_path / sub.chapter / f"{sub.chapter}.ipynb"
-    path.parent.mkdir(parents=True)
-    nbformat.write(answered(ROOT / "notebooks" / sub.chapter / f"{sub.chapter}.ipynb",
-                            solutions(ROOT, sub.chapter) | sub.replaced), path)
-    verdict = verify(path, source_path(ROOT, sub.chapter), cell_timeout_s=300)
+    verdict = verified(sub, tmp_path)
     got = {c.grade_id: c.points for c in verdict.cells}
     assert got == expected_points(ROOT, sub), (sub.what, verdict.to_json()[:4000])
     lost = next(c for c in verdict.cells if c.grade_id == "ex08_launch_rule")
