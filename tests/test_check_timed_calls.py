@@ -295,10 +295,15 @@ def _lazy_after_first_call():
     return lazy
 
 
+# A lazy wrapper is refused as wrong: when its inputs are refilled and it is called again
+# before timing (#28), or else when a timed output is checked.
+REFUSED_AS_WRONG = "returned a wrong answer|output of a timed call is wrong"
+
+
 @pytest.mark.gpu
 def test_gpu_honest_kernel_passes_and_lazy_wrappers_are_refused():
     assert check.rmsnorm_forward_bandwidth(rmsnorm_variants.correct, target=0.75).passed
-    with pytest.raises(AssertionError, match="output of a timed call is wrong"):
+    with pytest.raises(AssertionError, match=REFUSED_AS_WRONG):
         check.rmsnorm_forward_bandwidth(_lazy_after_first_call())
     seen = set()
 
@@ -309,7 +314,7 @@ def test_gpu_honest_kernel_passes_and_lazy_wrappers_are_refused():
         seen.add(key)
         return rmsnorm_variants.correct(x, w, eps)
 
-    with pytest.raises(AssertionError, match="output of a timed call is wrong"):
+    with pytest.raises(AssertionError, match=REFUSED_AS_WRONG):
         check.rmsnorm_forward_bandwidth(lazy_on_big_shapes_seen_before, shape=(8192, 8192),
                                         dtype=torch.float16)
 
