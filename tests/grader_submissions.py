@@ -10,6 +10,7 @@ several chapters, each with its own mistake (or none): their chapters are graded
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -95,7 +96,14 @@ def course_for_make(root: Path, into: Path, chapters: tuple[str, ...]) -> Path:
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy2(root / name, course / name)
     (course / ".venv").symlink_to(root / ".venv")
-    assert (root / ".venv" / ".installed").is_file(), "build .venv first (make test does)"
+    stamp = root / ".venv" / ".installed"
+    assert stamp.is_file(), "build .venv first (make test does)"
+    # The copy's pyproject.toml must not look newer than the shared .venv's stamp: `make`
+    # there would run `pip install -e .` in the copy, and the checkout's .venv would then
+    # import `course` and `solutions` from this temporary folder (seen when pyproject.toml
+    # was edited after .venv was built).
+    installed = stamp.stat().st_mtime
+    os.utime(course / "pyproject.toml", (installed, installed))
     release(course)
     return course
 
