@@ -82,8 +82,9 @@ def wheel_problems(wheel: Path, kind: str) -> list[str]:
         problems += [f"{n} holds nbgrader's {marker!r}" for n, text in texts.items()
                      for marker in ("### BEGIN HIDDEN TESTS", "### BEGIN SOLUTION")
                      if marker in text]
-    elif "solutions/kernels/rmsnorm.py" not in names:
-        problems.append("no solutions/kernels/rmsnorm.py")
+    else:
+        problems += [f"no {n}" for n in ("solutions/kernels/rmsnorm.py",
+                                         "solutions/kernels/plans/h100.json") if n not in names]
     return problems
 
 

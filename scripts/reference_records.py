@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,35 +67,23 @@ def fingerprints(kernels: Path = KERNELS) -> list[dict[str, str]]:
     return sorted(entries, key=lambda e: e["kernel"])
 
 
-@contextlib.contextmanager
-def _planning_for_an_h100(launch) -> Iterator[int]:
-    """The plans as made where no GPU is visible (launch.PLANNING_SMS SMs), on any machine."""
-    original = launch.multiprocessors
-    launch.multiprocessors = lambda device: launch.PLANNING_SMS
-    try:
-        yield launch.PLANNING_SMS
-    finally:
-        launch.multiprocessors = original
-
-
 def plans() -> dict:
     import torch
 
     from solutions.kernels import launch
 
-    gpu = torch.device("cuda")  # a plan for a GPU; nothing is launched
+    gpu, h100 = torch.device("cuda"), launch.H100  # a plan for an H100; nothing is launched
     dtypes = {2: torch.bfloat16, 4: torch.float32}
-    with _planning_for_an_h100(launch) as sms:
-        forward = [{"op": op, "M": m, "N": n, "element_size": size,
-                    "plan": dataclasses.asdict(launch.forward_plan(
-                        m, n, gpu, element_size=size, residual=op == "add_rmsnorm",
-                        layernorm=op == "layernorm"))}
-                   for op, m, n, size in FORWARD_PLANS]
-        backward = [{"op": op, "M": m, "N": n, "element_size": size,
-                     "plan": dataclasses.asdict(launch.backward_plan(
-                         m, n, gpu, dtype=dtypes[size], layernorm=op == "layernorm"))}
-                    for op, m, n, size in BACKWARD_PLANS]
-    return {"planned_for": f"an H100 SXM ({sms} SMs)",
+    forward = [{"op": op, "M": m, "N": n, "element_size": size,
+                "plan": dataclasses.asdict(launch.forward_plan(
+                    m, n, gpu, element_size=size, residual=op == "add_rmsnorm",
+                    layernorm=op == "layernorm", gpu=h100))}
+               for op, m, n, size in FORWARD_PLANS]
+    backward = [{"op": op, "M": m, "N": n, "element_size": size,
+                 "plan": dataclasses.asdict(launch.backward_plan(
+                     m, n, gpu, dtype=dtypes[size], layernorm=op == "layernorm", gpu=h100))}
+                for op, m, n, size in BACKWARD_PLANS]
+    return {"planned_for": f"an {h100.name} ({h100.sms} SMs)",
             "source": "solutions/kernels/launch.py (forward_plan, backward_plan)",
             "forward": forward, "backward": backward}
 

@@ -4,13 +4,15 @@
                                    [--paths rows,pieces,loop,split] [--dtype bfloat16]
                                    [--timer call|graph] [--out DIR]
 
-The winners are copied by hand into solutions/kernels/launch.py (as rules, not a table),
-and the sweep's output is summarised in docs/benchmarks.md.
+The winners are copied by hand into the GPU's table of measured rules,
+solutions/kernels/plans/<gpu>.json (docs/launch-rules.md#adding-a-gpu says how), and the
+sweep's output is summarised in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -24,7 +26,12 @@ from course import bench, hardware, shootout  # noqa: E402
 import torch  # noqa: E402
 
 from solutions.kernels import launch  # noqa: E402
-from solutions.kernels.launch import MAX_ROW_BLOCKS, BackwardPlan, ForwardPlan  # noqa: E402
+from solutions.kernels.launch import (  # noqa: E402
+    MAX_ROW_BLOCKS,
+    BackwardPlan,
+    ForwardPlan,
+    Variant,
+)
 from solutions.kernels.layernorm import _forward as ln_fwd  # noqa: E402
 from solutions.kernels.layernorm import layernorm_backward  # noqa: E402
 from solutions.kernels.rmsnorm import _forward as rms_fwd  # noqa: E402
@@ -37,8 +44,11 @@ REGISTERS_PER_SM = 65536  # an H100's register file, in 32-bit registers (the de
 
 def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
     """Every rows plan of one tile a program comes three times: plain, streamed
-    (ForwardPlan.stream) and with the weight after the sum (ForwardPlan.weight_after)."""
+    (Variant.STREAM) and with the weight after the sum (Variant.WEIGHT_AFTER)."""
     block_n = 1 << (N - 1).bit_length()
+    rows = functools.partial(ForwardPlan, path="rows", block_n=block_n)
+    loop = functools.partial(ForwardPlan, path="loop")
+    unrolled = (Variant.PLAIN, Variant.ONE_ROW)
     out = []
     if block_n <= 32768:
         for block_m in P2:
@@ -47,25 +57,22 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                 continue
             for warps in (1, 2, 4, 8, 16, 32):
                 if 4 <= elems / (32 * warps) <= 64:
-                    out += [ForwardPlan("rows", block_m, block_n, warps, stream=stream,
-                                        weight_after=after)
-                            for stream, after in ((False, False), (True, False), (False, True))]
+                    out += [rows(block_m=block_m, num_warps=warps, variant=variant)
+                            for variant in (Variant.PLAIN, Variant.STREAM, Variant.WEIGHT_AFTER)]
                     if block_n <= 2048 and elems <= 4096:  # persistent, prefetching
-                        for k in (2, 4, 8):
-                            out.append(ForwardPlan("rows", block_m, block_n, warps,
-                                                   programs=k * sms, prefetch=True))
+                        out += [rows(block_m=block_m, num_warps=warps, programs=k * sms,
+                                     variant=Variant.PREFETCH) for k in (2, 4, 8)]
     if 8192 <= block_n <= 32768:  # one program per row, two per SM if registers allow
         for warps in (16, 32):
             for out_block in (4096, 8192, block_n):
                 for registers in (0, 32, 40):
-                    out += [ForwardPlan("loop", 1, block_n, warps,
-                                        out_block=min(out_block, block_n),
-                                        max_registers=registers, one_row=one_row)
-                            for one_row in (False, True)]
+                    out += [loop(block_n=block_n, num_warps=warps,
+                                 out_block=min(out_block, block_n), max_registers=registers,
+                                 variant=variant) for variant in unrolled]
     if N > 4096:  # one program per row, the row in up to 16 unrolled blocks of its own
         for block in (1024, 2048, 4096, 8192):
             if block < N <= MAX_ROW_BLOCKS * block:
-                out += [ForwardPlan("loop", 1, block, warps, out_block=block, one_row=True)
+                out += [loop(block_n=block, num_warps=warps, variant=Variant.ONE_ROW)
                         for warps in (4, 8, 16, 32) if 2 <= block / (32 * warps) <= 16]
     if N >= 16384:  # rows too long for registers, or nearly
         for block in (16384, 32768, 65536):
@@ -73,33 +80,31 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                 continue
             for warps in (16, 32):
                 for out_block in (8192, 16384):
-                    out.append(ForwardPlan("loop", 1, min(block, block_n), warps,
-                                           programs=sms, out_block=min(out_block, block_n)))
+                    out.append(loop(block_n=min(block, block_n), num_warps=warps, programs=sms,
+                                    out_block=min(out_block, block_n)))
                     if block_n >= 65536 or block < block_n:  # one program per row
-                        out += [ForwardPlan("loop", 1, min(block, block_n), warps,
-                                            out_block=min(out_block, block_n),
-                                            max_registers=registers, one_row=one_row)
+                        out += [loop(block_n=min(block, block_n), num_warps=warps,
+                                     out_block=min(out_block, block_n), max_registers=registers,
+                                     variant=variant)
                                 for registers in (0, 40, 64)
-                                for one_row in ((False, True) if block >= block_n else (False,))]
+                                for variant in (unrolled if block >= block_n else unrolled[:1])]
     if N >= 65536:
         for chunk in (8192, 16384, 32768, 65536):
             split = next_power_of_2_split(N, chunk)
             if 2 <= split <= 64:
+                shared = functools.partial(ForwardPlan, path="split", block_n=chunk, split=split)
                 for warps in (8, 16, 32):
                     if 8 <= chunk / (32 * warps) <= 64:
-                        out.append(ForwardPlan("split", 1, chunk, warps, split=split,
-                                               out_block=8192))
+                        out.append(shared(num_warps=warps, out_block=8192))
                         if warps == 16:  # two programs an SM
-                            out.append(ForwardPlan("split", 1, chunk, warps, split=split,
-                                                   out_block=8192, max_registers=64))
+                            out.append(shared(num_warps=warps, out_block=8192,
+                                              max_registers=64))
                         if chunk >= 32768:  # larger second-pass blocks, register caps
-                            out += [ForwardPlan("split", 1, chunk, warps, split=split,
-                                                out_block=min(second, chunk),
-                                                max_registers=registers)
+                            out += [shared(num_warps=warps, out_block=min(second, chunk),
+                                           max_registers=registers)
                                     for second in (16384, 32768) for registers in (0, 64)]
                         if chunk <= 8192:
-                            out.append(ForwardPlan("split", 1, chunk, warps, split=split,
-                                                   reload=False))
+                            out.append(shared(num_warps=warps, reload=False))
     return out
 
 
@@ -111,7 +116,8 @@ def backward_candidates(M: int, N: int, sms: int, registers_per_sm: int = REGIST
         for warps in (2, 4, 8, 16):
             for k in (1, 2, 4, 8):
                 if 2 <= N / (32 * warps) <= 64 and warps * k <= 64 and k * sms <= M:
-                    out.append(BackwardPlan("pieces", 1, block_n // 2, warps, k * sms))
+                    out.append(BackwardPlan(path="pieces", block_n=block_n // 2,
+                                            num_warps=warps, programs=k * sms))
     if block_n <= 16384:
         for block_m in (1, 2, 4, 8, 16):
             elems = block_m * block_n
@@ -123,12 +129,13 @@ def backward_candidates(M: int, N: int, sms: int, registers_per_sm: int = REGIST
                 for k in (1, 2, 4, 8):  # 4 to 8 an SM: short rows, as Inductor launches
                     for each_step in ((False, True) if block_m > 1 else (False,)):
                         if k * sms <= M:
-                            out += [BackwardPlan("rows", block_m, block_n, warps, k * sms,
+                            out += [BackwardPlan(path="rows", block_m=block_m, block_n=block_n,
+                                                 num_warps=warps, programs=k * sms,
                                                  sum_each_step=each_step, prefetch=ahead)
                                     for ahead in (False, True)]
     if 4096 <= block_n <= 16384:  # one row at a time, read again for dx
-        for warps in (16, 32):
-            out.append(BackwardPlan("rows", 1, block_n, warps, min(M, sms), reload=True))
+        out += [BackwardPlan(path="rows", block_n=block_n, num_warps=warps,
+                             programs=min(M, sms), reload=True) for warps in (16, 32)]
     if N >= 16384:
         for chunk in (4096, 8192, 16384):
             split = next_power_of_2_split(N, chunk)
@@ -141,8 +148,9 @@ def backward_candidates(M: int, N: int, sms: int, registers_per_sm: int = REGIST
                     groups = max(1, k * sms // split)
                     fits = registers_per_sm // (k * 32 * warps) // 8 * 8
                     caps = (0,) + ((fits,) if 64 <= fits < 255 else ())
-                    out += [BackwardPlan("split", 1, chunk, warps, groups, split=split,
-                                         max_registers=cap) for cap in caps]
+                    out += [BackwardPlan(path="split", block_n=chunk, num_warps=warps,
+                                         programs=groups, split=split, max_registers=cap)
+                            for cap in caps]
     return out
 
 
@@ -176,9 +184,8 @@ def main() -> None:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     copy = hardware.copy_bandwidth()
-    sms = launch.sm_count(0)
-    registers = getattr(torch.cuda.get_device_properties(0), "regs_per_multiprocessor",
-                        REGISTERS_PER_SM)
+    gpu = launch.gpu_properties(torch.device("cuda", 0))
+    sms, registers = gpu.sms, gpu.registers_per_sm
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs", flush=True)
     results = []
     shapes = shootout.SHAPES if args.shapes == "all" else shootout.parse_shapes(args.shapes)

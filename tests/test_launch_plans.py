@@ -21,11 +21,12 @@ sys.path.insert(0, str(ROOT))
 
 import course  # noqa: E402,F401  (picks the mode before anything imports Triton)
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from triton import cdiv  # noqa: E402
 
 from solutions.kernels import launch  # noqa: E402
-from solutions.kernels.validation import check_path_runs_here  # noqa: E402
+from solutions.kernels.sibling_sync import split_fits  # noqa: E402
 
 SNAPSHOT = ROOT / "tests" / "data" / "launch_plans.json.gz"
 
@@ -43,6 +44,8 @@ LENGTHS = sorted({n for k in range(25) for n in (2**k - 1, 2**k, 2**k + 1)} - {0
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # The interpreter's plans, and a GPU's as planned where none is visible (an H100's).
 DEVICES = {"cpu": torch.device("cpu"), "cuda": torch.device("cuda", 0)}
+# Other GPUs, planned by the derived rules alone (no table of measured rules is theirs).
+DERIVED_FOR = [launch.KNOWN_GPUS[name] for name in ("A100 80GB", "L4", "T4", "B200")]
 
 
 def _error(exc: Exception) -> str:
@@ -57,10 +60,24 @@ def _options(plan) -> dict:
     return {f"opt_{k}": v for k, v in plan.launch_options().items()}
 
 
+def _gpu(device: torch.device):
+    """The GPU planned for: the interpreter, or an H100 whatever GPU this machine has."""
+    return launch.INTERPRETER if device.type != "cuda" else launch.H100
+
+
+def _refused(plan, device: torch.device) -> dict:
+    """A split plan the wrappers refuse (validation.check_path_runs_here)."""
+    if plan.path != "split" or (device.type == "cuda" and split_fits(plan.split,
+                                                                     _gpu(device).sms)):
+        return {}
+    return {"refused": True}
+
+
 def forward_launch(op: str, M: int, N: int, dtype: torch.dtype, device: torch.device) -> dict:
     """What the forward wrappers launch from the plan (rmsnorm._forward, layernorm._forward)."""
     plan = launch.forward_plan(M, N, device, element_size=dtype.itemsize,
-                               residual=op == "add_rmsnorm", layernorm=op == "layernorm")
+                               residual=op == "add_rmsnorm", layernorm=op == "layernorm",
+                               gpu=_gpu(device))
     out = {"path": plan.path, "grid": list(plan.grid(M, N)), **_options(plan)}
     if plan.path == "rows":
         out |= dict(PREFETCH=plan.prefetch, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
@@ -68,11 +85,7 @@ def forward_launch(op: str, M: int, N: int, dtype: torch.dtype, device: torch.de
                     **plan.rows_even(M, N))
     elif plan.path == "split":
         out |= dict(RELOAD=plan.reload, SPLIT=plan.split, BLOCK_N=plan.block_n,
-                    OUT_BLOCK=plan.second_block)
-        try:
-            check_path_runs_here(plan.path, device, plan.split)
-        except ValueError as exc:
-            out["refused"] = _error(exc)
+                    OUT_BLOCK=plan.second_block, **_refused(plan, device))
     else:
         out |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block)
         try:
@@ -87,17 +100,14 @@ def backward_launch(op: str, M: int, N: int, dtype: torch.dtype, device: torch.d
     """What the backward wrappers launch from the plan (rmsnorm_backward,
     layernorm_backward): both grids, since they count a split plan's programs apart."""
     layernorm = op == "layernorm_bwd"
-    plan = launch.backward_plan(M, N, device, dtype=dtype, layernorm=layernorm)
+    plan = launch.backward_plan(M, N, device, dtype=dtype, layernorm=layernorm,
+                                gpu=_gpu(device))
     rows_per_program = plan.rows_per_program(M)
     programs = cdiv(M, rows_per_program)
     if plan.path == "split" and not layernorm:
         programs = min(M, plan.programs)
     out = {"path": plan.path, "grid": programs * (plan.split if plan.path == "split" else 1),
-           "rows_per_program": rows_per_program}
-    try:
-        check_path_runs_here(plan.path, device, plan.split)
-    except ValueError as exc:
-        out["refused"] = _error(exc)
+           "rows_per_program": rows_per_program, **_refused(plan, device)}
     if plan.path == "rows":
         out |= dict(SUM_EACH_STEP=plan.sum_each_step, PREFETCH=plan.prefetch,
                     BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
@@ -162,6 +172,133 @@ def test_the_snapshot_covers_every_path_of_every_op():
         assert {(op, p) for p in ("rows", "loop", "split")} <= paths, op
     for op in BACKWARD_OPS:
         assert {(op, p) for p in ("rows", "pieces", "split", "loop")} <= paths, op
+
+
+def plan_problems(op: str, M: int, N: int, plan, gpu) -> list[str]:
+    """What makes a plan unfit for M rows of N columns on `gpu`: rows it does not cover,
+    more values a thread than registers hold, a split over more programs than can run at
+    once (or at all, in the interpreter), more warps, registers or shared memory than an SM
+    has."""
+    out = []
+    values = plan.block_m * plan.block_n  # a step's values, spread over the program's threads
+    if plan.path == "pieces":
+        if not N & (N - 1) or not plan.block_n < N <= plan.block_n + plan.tail_for(N):
+            out.append("the pieces do not hold the row")
+        values = plan.block_n + plan.tail_for(N)
+    elif plan.path == "rows" and plan.block_n < N:
+        out.append("a tile's rows are shorter than N")
+    elif plan.path == "loop" and getattr(plan, "one_row", False):
+        if plan.row_blocks(N)["ROW_BLOCKS"] * plan.block_n < N or plan.programs:
+            out.append("a one_row plan does not cover its row")
+    elif plan.path == "split" and plan.block_n * plan.split < N:
+        out.append("the row's programs do not cover it")  # (the loop path loops over it)
+    if plan.path == "split" and not (gpu.concurrent and plan.split <= gpu.sms):
+        out.append(f"a split of {plan.split} programs cannot all run at once")
+    if plan.path == "rows" and values > 64 * 32 * plan.num_warps:
+        out.append(f"{values // (32 * plan.num_warps)} values a thread")
+    if plan.num_warps > min(32, gpu.max_warps_per_sm):
+        out.append(f"{plan.num_warps} warps")
+    if plan.max_registers * 32 * plan.num_warps > gpu.registers_per_sm:
+        out.append(f"{plan.max_registers} registers a thread on {plan.num_warps} warps")
+    if 4 * plan.block_m * plan.num_warps * 2 > gpu.shared_memory_per_sm:  # reduction scratch
+        out.append("more shared memory than an SM has")
+    if plan.programs > M and op.endswith("_bwd"):
+        out.append("more programs than rows")
+    return out
+
+
+def _plans_for(gpu, measured: bool = True):
+    """Every plan on the grid for `gpu`, with its op and shape: (op, M, N, dtype, plan)."""
+    saved = launch.measured_rules
+    if not measured:
+        launch.measured_rules = lambda name: {}
+    launch._plan.cache_clear()
+    try:
+        for dtype in DTYPES.values():
+            for M in ROWS:
+                for N in LENGTHS:
+                    for op in FORWARD_OPS:
+                        yield op, M, N, dtype, launch.forward_plan(
+                            M, N, torch.device("cuda"), element_size=dtype.itemsize,
+                            residual=op == "add_rmsnorm", layernorm=op == "layernorm", gpu=gpu)
+                    for op in BACKWARD_OPS:
+                        yield op, M, N, dtype, launch.backward_plan(
+                            M, N, torch.device("cuda"), dtype=dtype,
+                            layernorm=op == "layernorm_bwd", gpu=gpu)
+    finally:
+        launch.measured_rules = saved
+        launch._plan.cache_clear()
+
+
+@pytest.mark.parametrize("gpu", DERIVED_FOR + [launch.H100, launch.INTERPRETER],
+                         ids=lambda gpu: gpu.name.split(",")[0])
+def test_the_derived_rules_plan_every_shape_within_the_gpus_means(gpu):
+    # The GPUs without a table get the derived rules alone; so would an H100 without its.
+    assert not launch.measured_rules(gpu.name) or gpu.name.startswith(("H100", "Triton"))
+    paths, problems = set(), []
+    for op, M, N, dtype, plan in _plans_for(gpu, measured=False):
+        paths.add((op, plan.path))
+        problems += [f"{op} {M} x {N} {dtype}: {p}: {plan}"
+                     for p in plan_problems(op, M, N, plan, gpu)]
+    assert not problems, f"{len(problems)} unfit plans, the first: " + "\n".join(problems[:10])
+    if gpu.concurrent:
+        assert {(op, "split") for op in FORWARD_OPS + BACKWARD_OPS} <= paths
+    assert {(op, "pieces") for op in BACKWARD_OPS} <= paths
+
+
+def test_the_measured_tables_plan_within_the_h100s_means():
+    for gpu in (launch.H100, launch.INTERPRETER):
+        problems = [f"{op} {M} x {N} {dtype}: {p}: {plan}"
+                    for op, M, N, dtype, plan in _plans_for(gpu)
+                    for p in plan_problems(op, M, N, plan, gpu)]
+        assert not problems, problems[:10]
+
+
+def test_each_gpu_reads_its_own_table_and_others_none():
+    h100 = launch.measured_rules("NVIDIA H100 80GB HBM3")
+    assert h100 and h100 == launch.measured_rules(launch.H100.name)
+    assert set(h100) == set(launch.FORWARD_RULES) | set(launch.BACKWARD_RULES)
+    # The H200's table is the H100's until it is swept on an H200.
+    assert launch.measured_rules("NVIDIA H200") == h100
+    for name in ("NVIDIA A100-SXM4-80GB", "NVIDIA L4", "Tesla T4", "NVIDIA B200"):
+        assert launch.measured_rules(name) == {}, name
+    assert launch.gpu_properties(torch.device("cpu")) == launch.INTERPRETER
+
+
+def test_every_measured_rule_is_the_first_to_match_somewhere():
+    # A rule that an earlier one always shadows is dead data: none may be.
+    rules = launch.measured_rules(launch.H100.name)
+    used = set()
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        gpu = _gpu(device)
+        for dtype in DTYPES.values():
+            for M in ROWS:
+                for N in LENGTHS:
+                    for op in rules:
+                        size = dtype.itemsize
+                        name = (str(dtype).removeprefix("torch.") if "backward" in op else
+                                "float32" if size == 4 else "16-bit")
+                        rows = launch.Rows(op, M, N, name, size, gpu)
+                        used.add(next((op, i) for i, rule in enumerate(rules[op])
+                                      if rule(rows) is not None) if any(
+                            rule(rows) is not None for rule in rules[op]) else None)
+    dead = [(op, i, rule.why) for op in rules for i, rule in enumerate(rules[op])
+            if (op, i) not in used]
+    assert not dead, dead
+
+
+def test_plans_are_built_by_keyword_with_one_variant():
+    with pytest.raises(TypeError):
+        launch.ForwardPlan("rows", 512, 4)
+    plan = launch.ForwardPlan(path="rows", block_n=512, num_warps=4, variant="stream")
+    assert plan.stream and plan.weight_after_sum and not plan.prefetch
+    assert plan.second_block == 512 and plan.launch_options() == {"num_warps": 4}
+    with pytest.raises(ValueError, match="the one_row variant is for the loop path with a "
+                                         "program per row"):
+        launch.ForwardPlan(path="loop", block_n=512, num_warps=4, programs=3,
+                           variant=launch.Variant.ONE_ROW)
+    with pytest.raises(ValueError, match="the keep_masks variant is for the rows path"):
+        launch.ForwardPlan(path="loop", block_n=512, num_warps=4, variant="keep_masks")
 
 
 if __name__ == "__main__":

@@ -71,9 +71,8 @@ def test_every_reference_kernel_is_fingerprinted_and_known_at_run_time():
 
 def test_the_recorded_plans_are_the_plans_made_for_an_h100():
     gpu = torch.device("cuda")
-    with script._planning_for_an_h100(launch):
-        plan = launch.forward_plan(16384, 4096, gpu, element_size=2)
-        backward = launch.backward_plan(262144, 384, gpu, dtype=torch.bfloat16)
+    plan = launch.forward_plan(16384, 4096, gpu, element_size=2, gpu=launch.H100)
+    backward = launch.backward_plan(262144, 384, gpu, dtype=torch.bfloat16, gpu=launch.H100)
     recorded = kernel_records.reference_plan("rmsnorm", 16384, 4096)
     assert (recorded.path, recorded.block_m, recorded.num_warps) == (plan.path, plan.block_m,
                                                                       plan.num_warps)

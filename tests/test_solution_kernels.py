@@ -17,15 +17,16 @@ import torch
 from solutions import kernels
 from solutions.kernels.column_sums import SUM_ROWS, column_sums
 from solutions.kernels.launch import (
-    ONE_ROW_LOOP,
-    ONE_ROW_LOOP_FLOAT32,
+    H100,
     RESIDUAL_SPLIT,
     RESIDUAL_SPLIT_BLOCKS,
     BackwardPlan,
     ForwardPlan,
+    Rows,
+    Variant,
     backward_plan,
     forward_plan,
-    partial_block_rule,
+    measured,
     stated_multiple_of,
 )
 from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, SHIFTED_MAX_N, layernorm_backward
@@ -39,19 +40,24 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SMALL = [(4, 64), (7, 100), (5, 1), (1, 257), (3, 3000), (33, 48)]
 # Three programs walk over the rows; pass 2 reads the row in blocks of another size, so its
 # threads read values other threads stored (the fused add's residual).
-LOOP_FWD = ForwardPlan("loop", 1, 1024, 4, programs=3, out_block=256)
-WHOLE_ROW_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, programs=2, out_block=2048)
-ROW_PER_PROGRAM_LOOP_FWD = ForwardPlan("loop", 1, 8192, 8, out_block=2048, max_registers=40)
+LOOP_FWD = ForwardPlan(path="loop", block_n=1024, num_warps=4, programs=3, out_block=256)
+WHOLE_ROW_LOOP_FWD = ForwardPlan(path="loop", block_n=8192, num_warps=8, programs=2,
+                                 out_block=2048)
+ROW_PER_PROGRAM_LOOP_FWD = ForwardPlan(path="loop", block_n=8192, num_warps=8, out_block=2048,
+                                       max_registers=40)
 # The same without loops: pass 2's four blocks unrolled, the last two past a row of 5000
-ONE_ROW_LOOP_FWD = replace(ROW_PER_PROGRAM_LOOP_FWD, one_row=True)
+ONE_ROW_LOOP_FWD = replace(ROW_PER_PROGRAM_LOOP_FWD, variant=Variant.ONE_ROW)
 # A row of 5000 in five unrolled blocks of 1024, the last one part empty
-ONE_ROW_BLOCKS_FWD = ForwardPlan("loop", 1, 1024, 4, out_block=512, one_row=True)
-LOOP_BWD = BackwardPlan("loop", 1, 1024, 4, programs=3)
-RELOAD_BWD = BackwardPlan("rows", 1, 512, 4, programs=3, reload=True)
-EACH_STEP_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, sum_each_step=True)
+ONE_ROW_BLOCKS_FWD = ForwardPlan(path="loop", block_n=1024, num_warps=4, out_block=512,
+                                 variant=Variant.ONE_ROW)
+LOOP_BWD = BackwardPlan(path="loop", block_n=1024, num_warps=4, programs=3)
+RELOAD_BWD = BackwardPlan(path="rows", block_n=512, num_warps=4, programs=3, reload=True)
+EACH_STEP_BWD = BackwardPlan(path="rows", block_m=4, block_n=512, num_warps=4, programs=3,
+                             sum_each_step=True)
 # 37 rows over 3 programs, 4 rows a step: the last step of each program is partial
-PREFETCH_BWD = BackwardPlan("rows", 4, 512, 4, programs=3, prefetch=True)
-PIECES_BWD = BackwardPlan("pieces", 1, 256, 4, programs=3)  # rows of 300: 256 + 64
+PREFETCH_BWD = BackwardPlan(path="rows", block_m=4, block_n=512, num_warps=4, programs=3,
+                            prefetch=True)
+PIECES_BWD = BackwardPlan(path="pieces", block_n=256, num_warps=4, programs=3)  # 300: 256 + 64
 
 
 def _x(shape, dtype, seed=0, mean=0.0):
@@ -116,7 +122,7 @@ def test_layernorm_rows_kernel_loads_its_parameters_before_or_after_the_reductio
     assert (block_n <= PARAMS_FIRST_MAX_N.value) == (n == 300)
     x = _x((5, n), torch.float32, mean=3.0)
     w, b = _w(n, torch.float32), _x(n, torch.float32, seed=3)
-    plan = ForwardPlan("rows", 2, block_n, 4)
+    plan = ForwardPlan(path="rows", block_m=2, block_n=block_n, num_warps=4)
     y, mean, rstd = layernorm_forward(x, w if affine else None, b if affine else None, 1e-5,
                                       True, plan)
     want_w, want_b = (w, b) if affine else (torch.ones_like(w), torch.zeros_like(b))
@@ -139,8 +145,9 @@ def test_short_16_bit_rows_summed_about_their_first_value_keep_the_variance(n, d
     x[:, 0] += n ** 0.5 * 0.9
     x = x.to(dtype)
     w, b = _w(n, dtype), _x(n, dtype, seed=3)
-    for plan in (ForwardPlan("rows", 2, 1 << (n - 1).bit_length(), 2),
-                 ForwardPlan("rows", 1, 1 << (n - 1).bit_length(), 1)):
+    block_n = 1 << (n - 1).bit_length()
+    for plan in (ForwardPlan(path="rows", block_m=2, block_n=block_n, num_warps=2),
+                 ForwardPlan(path="rows", block_n=block_n, num_warps=1)):
         y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
         want_mean, want_rstd = reference.layernorm_stats(x)
         assert ((rstd.double() - want_rstd) / want_rstd).abs().max().item() < 2e-5
@@ -176,10 +183,12 @@ def test_the_loop_paths_match_reference_on_long_rows(plan):
     _check_forwards_on_plan(x, r, w, b, torch.float32, plan)
 
 
-@pytest.mark.parametrize("plan", [ForwardPlan("rows", 4, 64, 2),
-                                  ForwardPlan("rows", 4, 64, 2, stream=True),
-                                  ForwardPlan("rows", 4, 64, 2, weight_after=True),
-                                  ForwardPlan("rows", 4, 64, 2, programs=2, prefetch=True)],
+@pytest.mark.parametrize("plan", [
+    ForwardPlan(path="rows", block_m=4, block_n=64, num_warps=2),
+    ForwardPlan(path="rows", block_m=4, block_n=64, num_warps=2, variant=Variant.STREAM),
+    ForwardPlan(path="rows", block_m=4, block_n=64, num_warps=2, variant=Variant.WEIGHT_AFTER),
+    ForwardPlan(path="rows", block_m=4, block_n=64, num_warps=2, programs=2,
+                variant=Variant.PREFETCH)],
                          ids=["rows", "streamed", "weight-after", "prefetch"])
 def test_rows_paths_without_masks_where_rows_fill_the_tiles(plan):
     # EVEN: rows as long as the block, and whole tiles of them, so the kernels drop their
@@ -187,7 +196,7 @@ def test_rows_paths_without_masks_where_rows_fill_the_tiles(plan):
     assert plan.rows_even(12, 64) == {"EVEN": True}
     assert plan.rows_even(13, 64) == {"EVEN": False}
     assert plan.rows_even(12, 60) == {"EVEN": False}
-    assert replace(plan, keep_masks=True).rows_even(12, 64) == {"EVEN": False}
+    assert replace(plan, variant=Variant.KEEP_MASKS).rows_even(12, 64) == {"EVEN": False}
     x, r, w = _x((12, 64), torch.float32, mean=20.0), _x((12, 64), torch.float32), _w(
         64, torch.float32)
     b = _x(64, torch.float32, seed=4)
@@ -214,17 +223,18 @@ def test_rmsnorm_backward_matches_reference(dtype, path):
 def test_backwards_in_pieces(dtype, m, n, row_stride):
     # A tail of one column (65 = 64 + 1), a tail that fills its piece (127 = 64 + 63, in a
     # piece of 64), rows two values apart from their length, and a model width.
-    plan = BackwardPlan("pieces", 1, 1 << (n.bit_length() - 1), 2, programs=4)
+    plan = BackwardPlan(path="pieces", block_n=1 << (n.bit_length() - 1), num_warps=2,
+                        programs=4)
     _check_backwards((m, n), dtype, row_stride, plan)
 
 
 def test_pieces_path_refuses_rows_its_pieces_do_not_cover():
     x = _x((4, 512), torch.float32)
     with pytest.raises(ValueError, match="rows of 257 to 512 columns .* got N = 600"):
-        BackwardPlan("pieces", 1, 256, 4, programs=2).tail_for(600)
+        BackwardPlan(path="pieces", block_n=256, num_warps=4, programs=2).tail_for(600)
     with pytest.raises(ValueError, match="got N = 512"):
         rmsnorm_backward(x, None, reference.rmsnorm_rstd(x).float(), x,
-                         BackwardPlan("pieces", 1, 512, 4, programs=2))
+                         BackwardPlan(path="pieces", block_n=512, num_warps=4, programs=2))
 
 
 @pytest.mark.parametrize("path", ["rows", "loop", "each-step", "prefetch", "pieces"])
@@ -249,7 +259,8 @@ def test_rows_path_with_and_without_prefetch(prefetch):
     x, r, w = _x((37, 300), torch.float32), _x((37, 300), torch.float32, seed=5), _w(
         300, torch.float32)
     b = _x(300, torch.float32, seed=4)
-    plan = ForwardPlan("rows", 4, 512, 2, programs=3, prefetch=prefetch)
+    plan = ForwardPlan(path="rows", block_m=4, block_n=512, num_warps=2, programs=3,
+                       variant=Variant.PREFETCH if prefetch else Variant.PLAIN)
     assert plan.grid(37, 300) == ((3,) if prefetch else (10,))
     y, res, rstd = rmsnorm_forward(x, w, 1e-6, r, True, plan)
     want_y, want_res = reference.add_rmsnorm(x, r, w)
@@ -264,10 +275,10 @@ def test_rows_path_with_and_without_prefetch(prefetch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("weight", [True, False])
 def test_rows_path_streamed_loads_the_weight_after_the_sum_and_matches(dtype, weight):
-    # stream=True: evict-first loads and stores, the weight (and bias) loaded after the
+    # Variant.STREAM: evict-first loads and stores, the weight (and bias) loaded after the
     # sum. 37 rows in tiles of 4 (the last partial), 300 columns in a block of 512, strided
     # rows; LayerNorm's with a large mean.
-    plan = ForwardPlan("rows", 4, 512, 2, stream=True)
+    plan = ForwardPlan(path="rows", block_m=4, block_n=512, num_warps=2, variant=Variant.STREAM)
     x = _x((37, 320), dtype)[:, :300]
     r = _x((37, 300), dtype, seed=5)
     w = _w(300, dtype) if weight else None
@@ -290,7 +301,7 @@ def test_rows_path_streamed_loads_the_weight_after_the_sum_and_matches(dtype, we
 
 
 def test_float32_short_layernorm_rows_keep_their_masks():
-    # MASKED_ROWS_FLOAT32: measured faster masked; 16-bit rows and longer rows drop them
+    # Measured faster masked (plans/h100.json); 16-bit rows and longer rows drop them
     gpu = torch.device("cuda")
     for n, keep in ((256, True), (512, True), (1024, False)):
         plan = forward_plan(32768, n, gpu, element_size=4, layernorm=True)
@@ -298,17 +309,16 @@ def test_float32_short_layernorm_rows_keep_their_masks():
     for element_size in (2, 4):
         assert not forward_plan(32768, 512, gpu, element_size=element_size).keep_masks
     assert not forward_plan(32768, 512, gpu, element_size=2, layernorm=True).keep_masks
-    with pytest.raises(ValueError, match="weight_after=True is for the rows path without"):
-        ForwardPlan("rows", 4, 64, 2, programs=2, prefetch=True, weight_after=True)
-    with pytest.raises(ValueError, match="keep_masks=True is for the rows path"):
-        ForwardPlan("loop", 1, 8192, 8, keep_masks=True)
+    with pytest.raises(ValueError, match="the keep_masks variant is for the rows path"):
+        ForwardPlan(path="loop", block_n=8192, num_warps=8, variant=Variant.KEEP_MASKS)
 
 
 def test_one_row_plans_are_for_a_program_per_row_of_a_few_blocks():
-    with pytest.raises(ValueError, match="one_row=True is for the loop path with a program"):
-        ForwardPlan("loop", 1, 8192, 8, programs=3, one_row=True)
-    with pytest.raises(ValueError, match="one_row=True is for the loop path"):
-        ForwardPlan("rows", 1, 8192, 8, one_row=True)
+    with pytest.raises(ValueError, match="the one_row variant is for the loop path with a "
+                                         "program per row"):
+        ForwardPlan(path="loop", block_n=8192, num_warps=8, programs=3, variant=Variant.ONE_ROW)
+    with pytest.raises(ValueError, match="the one_row variant is for the loop path"):
+        ForwardPlan(path="rows", block_n=8192, num_warps=8, variant=Variant.ONE_ROW)
     assert ONE_ROW_BLOCKS_FWD.row_blocks(5000) == {"ROW_BLOCKS": 5, "EVEN": False}
     assert ONE_ROW_BLOCKS_FWD.row_blocks(4096) == {"ROW_BLOCKS": 4, "EVEN": True}
     assert ONE_ROW_BLOCKS_FWD.row_blocks(1024) == {"ROW_BLOCKS": 1, "EVEN": False}
@@ -330,11 +340,12 @@ def test_one_row_plans_without_masks_match_reference(dtype):
     _check_forwards_on_plan(x, r, w, b, dtype, ONE_ROW_BLOCKS_FWD)
 
 
-def test_stream_plans_are_for_the_rows_path_without_prefetch_only():
-    with pytest.raises(ValueError, match="stream=True is for the rows path without prefetch"):
-        ForwardPlan("rows", 4, 512, 2, programs=3, prefetch=True, stream=True)
-    with pytest.raises(ValueError, match="stream=True is for the rows path"):
-        ForwardPlan("loop", 1, 1024, 4, stream=True)
+def test_stream_plans_are_for_the_rows_path_only():
+    # A plan has one variant, so a streamed plan cannot prefetch as well.
+    plan = ForwardPlan(path="rows", block_m=4, block_n=512, num_warps=2, variant="stream")
+    assert plan.stream and plan.weight_after_sum and not plan.prefetch
+    with pytest.raises(ValueError, match="the stream variant is for the rows path"):
+        ForwardPlan(path="loop", block_n=1024, num_warps=4, variant=Variant.STREAM)
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm", "layernorm"])
@@ -348,9 +359,6 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
             plan = forward_plan(4096, n, gpu, element_size=element_size,
                                 residual=op == "add_rmsnorm", layernorm=op == "layernorm")
             where = f"{op}, N = {n}, {element_size}-byte values: {plan}"
-            partial = partial_block_rule(op, n, element_size)
-            if partial is not None:  # rows that leave their block part empty
-                assert plan == partial, where
             if plan.path == "split":
                 assert plan.split * plan.block_n >= n, where
             elif plan.path == "rows":
@@ -361,9 +369,9 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
                 assert plan.second_block <= plan.block_n and not plan.programs, where
             else:
                 assert plan.path == "loop" and plan.second_block <= plan.block_n, where
-                if not plan.programs and plan != partial:  # a program per row: where measured
-                    rules = ONE_ROW_LOOP if element_size == 2 else ONE_ROW_LOOP_FLOAT32
-                    assert plan in rules.values() and plan.block_n >= n, where
+                if not plan.programs:  # a program per row: only where it was measured
+                    dtype = "float32" if element_size == 4 else "16-bit"
+                    assert plan == measured(Rows(op, 4096, n, dtype, element_size, H100)), where
             # values a thread loads at once: beyond 64 float32 they would spill
             assert plan.block_m * plan.block_n <= 64 * 32 * plan.num_warps, where
         for n in lengths[: lengths.index(65537)]:
@@ -564,7 +572,7 @@ def test_gpu_forwards_at_benchmark_shapes(shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("n", [512, 4096, 20000, 32768])
 def test_gpu_forwards_where_the_launch_rules_depend_on_the_dtype(dtype, n):
-    # Float32 rows have launch rules of their own (ROWS_PATH_FLOAT32, ONE_ROW_LOOP_FLOAT32,
+    # Float32 rows have launch rules of their own (plans/h100.json: "dtype": "float32";
     # LayerNorm's rows of 32768 in registers); 259 rows leave a partial tile.
     _check_forwards((259, n), dtype)
 
@@ -631,8 +639,8 @@ def test_gpu_split_path_with_odd_n(dtype, split, reload):
     n = 8191 * split // 2 + 3
     x, w, b = _x((67, n), dtype, mean=50.0), _w(n, dtype), _x(n, dtype, seed=3)
     block = 1 << (-(-n // split) - 1).bit_length()
-    plan = ForwardPlan("split", 1, block, 8, split=next_power_of_2_split(n, block),
-                       out_block=block // 4, reload=reload)
+    plan = ForwardPlan(path="split", block_n=block, num_warps=8,
+                       split=next_power_of_2_split(n, block), out_block=block // 4, reload=reload)
     _check_forwards_on_plan(x, _x((67, n), dtype, seed=5), w, b, dtype, plan)
 
 
@@ -640,7 +648,8 @@ def test_gpu_split_path_with_odd_n(dtype, split, reload):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n, block", [(20000, 4096), (4099, 1024), (65536, 4096)])
 def test_gpu_backward_split_path(dtype, n, block):
-    plan = BackwardPlan("split", 1, block, 8, 40, split=next_power_of_2_split(n, block))
+    plan = BackwardPlan(path="split", block_n=block, num_warps=8, programs=40,
+                        split=next_power_of_2_split(n, block))
     _check_backwards((301, n), dtype, plan=plan)
 
 
@@ -684,7 +693,8 @@ def test_gpu_split_launch_refuses_more_programs_a_row_than_sms():
     # A plan given by hand is held to the bound too: refused with a named error, not hung.
     n = 1 << 20
     x, w, b = _x((2, n), torch.bfloat16), _w(n, torch.bfloat16), _x(n, torch.bfloat16, seed=3)
-    plan = ForwardPlan("split", 1, 2048, 4, split=next_power_of_2_split(n, 2048))
+    plan = ForwardPlan(path="split", block_n=2048, num_warps=4,
+                       split=next_power_of_2_split(n, 2048))
     assert plan.split > torch.cuda.get_device_properties(x.device).multi_processor_count
     with pytest.raises(ValueError, match="more than this GPU"):
         rmsnorm_forward(x, w, 1e-6, None, False, plan)

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import tune_kernels  # noqa: E402
 
-from solutions.kernels.launch import MAX_ROW_BLOCKS  # noqa: E402
+from solutions.kernels.launch import MAX_ROW_BLOCKS, Variant  # noqa: E402
 
 SMS = 132
 
@@ -44,11 +44,11 @@ def test_every_rows_plan_of_a_tile_a_program_is_offered_plain_streamed_and_weigh
     plans = tune_kernels.forward_candidates(n, SMS)
     one_tile = [p for p in plans if p.path == "rows" and not p.prefetch]
     plain = [p for p in one_tile if not p.stream and not p.weight_after]
-    for field in ("stream", "weight_after"):
-        variants = [p for p in plans if getattr(p, field)]
-        assert variants and all(p.path == "rows" and not p.prefetch for p in variants)
+    for variant in (Variant.STREAM, Variant.WEIGHT_AFTER):
+        variants = [p for p in plans if p.variant is variant]
+        assert variants and all(p.path == "rows" for p in variants)
         assert sorted(map(repr, variants)) == sorted(
-            repr(replace(p, **{field: True})) for p in plain)
+            repr(replace(p, variant=variant)) for p in plain)
 
 
 @pytest.mark.parametrize("n", [12288, 16384, 65536])
@@ -58,7 +58,7 @@ def test_every_loop_plan_of_a_program_per_row_is_offered_with_and_without_its_lo
     without_loops = [p for p in per_row if p.one_row]
     assert without_loops, f"no one_row candidate at {n} columns"
     assert sorted(map(repr, without_loops)) == sorted(
-        repr(replace(p, one_row=True)) for p in per_row if not p.one_row)
+        repr(replace(p, variant=Variant.ONE_ROW)) for p in per_row if not p.one_row)
     # and rows in several unrolled blocks shorter than the row, never more than it unrolls
     in_blocks = [p for p in plans if p.one_row and p.block_n < n]
     assert in_blocks, f"no one_row candidate in blocks shorter than {n} columns"

@@ -3,7 +3,8 @@
     from solutions.kernels import rmsnorm, add_rmsnorm, layernorm, RMSNorm, LayerNorm
 
 Each op module holds its kernels, its launch wrapper and its `torch.autograd.Function`;
-`modules.py` holds the `nn.Module` drop-ins, `launch.py` the per-shape launch choices.
+`modules.py` holds the `nn.Module` drop-ins, `launch.py` the per-shape launch choices
+(the rules measured on each GPU in `plans/`, why in docs/launch-rules.md).
 """
 
 from course import runtime  # noqa: F401  (picks GPU or interpreter before triton loads)
