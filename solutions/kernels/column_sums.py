@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.launch import stated_multiple_of
+from solutions.kernels.ready_launch import launch_key, ready_launch
 from solutions.kernels.row_loads import stated_multiples
 
 # Columns and partial rows one program sums per step.
@@ -39,10 +40,19 @@ def column_sums_kernel(partial_ptr, out_ptr, P, N, stride_partial_set, stride_ou
              total.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
+# Launches kept by launch_key(partials, out_dtype) (ready_launch.py).
+_READY: dict = {}
+
+
 def column_sums(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """(S, P, N) float32 partials -> (S, N) sums over P, in `out_dtype`."""
     sets, programs, n = partials.shape
     out = torch.empty((sets, n), dtype=out_dtype, device=partials.device)
+    key = launch_key(partials, out_dtype)
+    ready = _READY.get(key)
+    if ready is not None:
+        ready.run(partials, out)
+        return out
     # Narrow and tall: many programs even for short rows, each loading its whole column
     # strip at once. With one 256-column program walking 32 partial rows at a time, a
     # quarter of a short-row backward's time was in here (9.6 us of 33 at 32768 x 256 on an
@@ -51,8 +61,12 @@ def column_sums(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     block_p = min(SUM_ROWS, max(32, triton.next_power_of_2(programs)))
     warps = max(1, min(8, block_p * block_n // 2048))  # 64 values a thread at most
     grid = (triton.cdiv(n, block_n), sets)
-    column_sums_kernel[grid](partials, out, programs, n, partials.stride(0), out.stride(0),
-                             BLOCK_P=block_p, BLOCK_N=block_n,
-                             MULTIPLE=stated_multiple_of(n, partials.stride(0), out.stride(0)),
-                             num_warps=warps)
+    args = (partials, out, programs, n, partials.stride(0), out.stride(0))
+    flags = dict(BLOCK_P=block_p, BLOCK_N=block_n,
+                 MULTIPLE=stated_multiple_of(n, partials.stride(0), out.stride(0)),
+                 num_warps=warps)
+    compiled = column_sums_kernel[grid](*args, **flags)
+    if key is not None:
+        _READY[key] = ready_launch(compiled, column_sums_kernel, grid, args, flags,
+                                   ("partial_ptr", "out_ptr"))
     return out

@@ -62,6 +62,7 @@ from solutions.kernels.launch import (
     forward_plan,
     stated_multiple_of,
 )
+from solutions.kernels.ready_launch import launch_key, ready_launch
 from solutions.kernels.row_loads import (
     bias_or_zeros,
     columns_in_row,
@@ -360,9 +361,24 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                                  HAS_WEIGHT, HAS_BIAS)
 
 
+# Launches kept by the layouts of (x, weight, bias) and store_stats (ready_launch.py), and the
+# kernels' arguments that each call fills in.
+_READY_FORWARDS: dict = {}
+_FORWARD_PER_CALL = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "mean_ptr", "rstd_ptr", "eps")
+
+
 def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
              eps: float, store_stats: bool, plan: ForwardPlan | None):
     """Launch the forward; returns (y, mean or None, rstd or None)."""
+    key = launch_key(x, weight, bias, store_stats) if plan is None else None
+    ready = _READY_FORWARDS.get(key)
+    if ready is not None:  # these layouts were checked, planned and compiled before
+        y = torch.empty_like(x)  # contiguous: x's rows are either contiguous or spaced apart
+        mean, rstd = (torch.empty((2, *x.shape[:-1]), dtype=torch.float32, device=x.device)
+                      if store_stats else (None, None))
+        ready.run(x, y if weight is None else weight, y if bias is None else bias, y,
+                  y if mean is None else mean, y if rstd is None else rstd, check_eps(eps))
+        return y, mean, rstd
     x2 = as_rows(x)
     check_param(x, weight, "weight")
     check_param(x, bias, "bias")
@@ -377,32 +393,33 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
         mean_arg = stats[0] if stats is not None else y
         rstd_arg = stats[1] if stats is not None else y
         args = (x2, weight if weight is not None else y, bias if bias is not None else y, y,
-                mean_arg, rstd_arg)
+                mean_arg, rstd_arg, M, N, x2.stride(0), y.stride(0), eps)
         flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                      STORE_STATS=store_stats,
-                     MULTIPLE=stated_multiple_of(N, x2.stride(0), y.stride(0)))
+                     MULTIPLE=stated_multiple_of(N, x2.stride(0), y.stride(0)),
+                     **plan.launch_options())
         grid = plan.grid(M, N)
         if plan.path == "rows":
-            layernorm_fwd_rows_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
-                                            **flags, PREFETCH=plan.prefetch,
-                                            BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-                                            STREAM=plan.stream,
-                                            WEIGHT_AFTER=plan.weight_after_sum,
-                                            **plan.rows_even(M, N),
-                                            **plan.launch_options())
+            kernel = layernorm_fwd_rows_kernel
+            flags |= dict(PREFETCH=plan.prefetch, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                          STREAM=plan.stream, WEIGHT_AFTER=plan.weight_after_sum,
+                          **plan.rows_even(M, N))
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device, plan.split)
             slots, epoch = exchange_slots(2 * M * plan.split, x.device)
-            layernorm_fwd_split_kernel[grid](*args, slots, epoch, M, N, x2.stride(0),
-                                             y.stride(0), eps, **flags, HEAD=HEAD,
-                                             SPLIT=plan.split, BLOCK_N=plan.block_n,
-                                             OUT_BLOCK=plan.second_block,
-                                             **plan.launch_options())
+            kernel, args = layernorm_fwd_split_kernel, (*args[:6], slots, epoch, *args[6:])
+            flags |= dict(HEAD=HEAD, SPLIT=plan.split, BLOCK_N=plan.block_n,
+                          OUT_BLOCK=plan.second_block)
         else:
-            layernorm_fwd_loop_kernel[grid](*args, M, N, x2.stride(0), y.stride(0), eps,
-                                            **flags, BLOCK_N=plan.block_n,
-                                            OUT_BLOCK=plan.second_block,
-                                            **plan.row_blocks(N), **plan.launch_options())
+            kernel = layernorm_fwd_loop_kernel
+            flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
+                          **plan.row_blocks(N))
+        compiled = kernel[grid](*args, **flags)
+        # kept where a later call can launch the same way: not a split (its exchange slots
+        # change every call), and x viewed as rows, not copied
+        if key is not None and plan.path != "split" and x2.data_ptr() == x.data_ptr():
+            _READY_FORWARDS[key] = ready_launch(compiled, kernel, grid, args, flags,
+                                                _FORWARD_PER_CALL)
     lead = x.shape[:-1]
     if stats is None:
         return y.view(x.shape), None, None
@@ -643,17 +660,34 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
     tl.store(out + stride_partial_set, db_acc, mask=col_mask)
 
 
+# Launches kept by the layouts of (x, weight, mean, rstd, dy) and the parameters' dtype
+# (ready_launch.py), with the shape of their partial sums, and the first kernel's arguments
+# that each call fills in.
+_READY_BACKWARDS: dict = {}
+_BACKWARD_PER_CALL = ("x_ptr", "w_ptr", "dy_ptr", "mean_ptr", "rstd_ptr", "dx_ptr",
+                      "partial_ptr")
+
+
 def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
                        rstd: torch.Tensor, dy: torch.Tensor, param_dtype: torch.dtype | None = None,
                        plan: BackwardPlan | None = None):
     """(dx, dw, db) for y = layernorm(x, weight, bias) given the forward's saved statistics.
     dw and db take `param_dtype` (the parameters' dtype; x's when there are none)."""
+    key = launch_key(x, weight, mean, rstd, dy, param_dtype) if plan is None else None
+    kept = _READY_BACKWARDS.get(key)
+    if kept is not None:  # these layouts were checked, planned and compiled before
+        ready, partials_shape, param_dtype = kept
+        dx = torch.empty_like(x)  # contiguous, as in _forward
+        partials = torch.empty(partials_shape, dtype=torch.float32, device=x.device)
+        ready.run(x, dx if weight is None else weight, dy, mean, rstd, dx, partials)
+        sums = column_sums(partials, param_dtype)
+        return dx, sums[0], sums[1]
     x2 = as_rows(x)
     dy2 = check_same_rows(x, dy, "dy")
     check_param(x, weight, "weight")
     M, N = x2.shape
-    mean = row_statistic(mean, M, "mean")
-    rstd = row_statistic(rstd, M, "rstd")
+    mean2 = row_statistic(mean, M, "mean")
+    rstd2 = row_statistic(rstd, M, "rstd")
     param_dtype = param_dtype or (weight.dtype if weight is not None else x.dtype)
     dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if M == 0:
@@ -665,32 +699,38 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path
     alloc = torch.zeros if plan.path == "loop" else torch.empty
     partials = alloc((2, programs, N), dtype=torch.float32, device=x.device)
-    common = (x2, weight if weight is not None else dx, dy2, mean, rstd, dx, partials, M, N,
-              x2.stride(0), dy2.stride(0), dx.stride(0), rows_per_program, partials.stride(0))
-    multiple = stated_multiple_of(N, x2.stride(0), dy2.stride(0), dx.stride(0),
-                                  partials.stride(0))
+    args = (x2, weight if weight is not None else dx, dy2, mean2, rstd2, dx, partials, M, N,
+            x2.stride(0), dy2.stride(0), dx.stride(0), rows_per_program, partials.stride(0))
+    flags = dict(HAS_WEIGHT=weight is not None,
+                 MULTIPLE=stated_multiple_of(N, x2.stride(0), dy2.stride(0), dx.stride(0),
+                                             partials.stride(0)))
+    grid = (programs,)
     if plan.path == "rows":
-        layernorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                               MULTIPLE=multiple,
-                                               SUM_EACH_STEP=plan.sum_each_step,
-                                               PREFETCH=plan.prefetch,
-                                               BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-                                               num_warps=plan.num_warps,
-                                               num_stages=plan.num_stages)
+        kernel = layernorm_bwd_rows_kernel
+        flags |= dict(SUM_EACH_STEP=plan.sum_each_step, PREFETCH=plan.prefetch,
+                      BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
+                      num_stages=plan.num_stages)
     elif plan.path == "pieces":
-        layernorm_bwd_pieces_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                                 HEAD=plan.block_n, TAIL=plan.tail_for(N),
-                                                 MULTIPLE=multiple, num_warps=plan.num_warps)
+        kernel = layernorm_bwd_pieces_kernel
+        flags |= dict(HEAD=plan.block_n, TAIL=plan.tail_for(N), num_warps=plan.num_warps)
     elif plan.path == "split":
         slots, epoch = exchange_slots(2 * M * plan.split, x.device)
-        layernorm_bwd_split_kernel[(programs * plan.split,)](
-            *common[:7], slots, epoch, *common[7:], HAS_WEIGHT=weight is not None,
-            SPLIT=plan.split, BLOCK_N=plan.block_n, MULTIPLE=multiple,
-            **plan.launch_options())
+        kernel, args = layernorm_bwd_split_kernel, (*args[:7], slots, epoch, *args[7:])
+        grid = (programs * plan.split,)
+        flags |= dict(SPLIT=plan.split, BLOCK_N=plan.block_n, **plan.launch_options())
     else:
-        layernorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                               BLOCK_N=plan.block_n, MULTIPLE=multiple,
-                                               num_warps=plan.num_warps)
+        kernel = layernorm_bwd_loop_kernel
+        flags |= dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    compiled = kernel[grid](*args, **flags)
+    # kept where a later call can launch the same way: not a split (its exchange slots change
+    # every call), nor the loop path (its partial sums start from zeros), and x, dy and the
+    # statistics viewed as rows, not copied
+    if (key is not None and plan.path in ("rows", "pieces")
+            and all(a.data_ptr() == b.data_ptr()
+                    for a, b in ((x2, x), (dy2, dy), (mean2, mean), (rstd2, rstd)))):
+        _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
+                                              _BACKWARD_PER_CALL),
+                                 partials.shape, param_dtype)
     sums = column_sums(partials, param_dtype)
     return dx.view(x.shape), sums[0], sums[1]
 

@@ -28,7 +28,8 @@ path. Everything here is that, specialised per shape. Seven kernels; the launch 
     rmsnorm_bwd_split_kernel   Backward "split"  long rows, SPLIT programs a row (GPU only)
     rmsnorm_bwd_loop_kernel    Backward "loop"   long rows where split cannot run
 
-The flags, and the plan fields that set them (ForwardPlan, BackwardPlan: launch.py):
+The flags, and the plan fields that set them (ForwardPlan, BackwardPlan, and Variant, the
+one thing a forward plan does beyond its path's plain kernel: launch.py):
 
     BLOCK_M, BLOCK_N, SPLIT   plan.block_m, plan.block_n, plan.split (and plan.num_warps)
     PREFETCH                  plan.prefetch: the next tile's loads issued before this
@@ -37,7 +38,8 @@ The flags, and the plan fields that set them (ForwardPlan, BackwardPlan: launch.
     WEIGHT_AFTER              plan.weight_after_sum: the weight loaded after the sum
     EVEN                      plan.rows_even(M, N), plan.row_blocks(N): no masks where the
                               rows fill their blocks
-    ROW_BLOCKS                plan.row_blocks(N): a one_row loop-path row, blocks unrolled
+    ROW_BLOCKS                plan.row_blocks(N): a Variant.ONE_ROW loop-path row, blocks
+                              unrolled
     OUT_BLOCK                 plan.second_block: columns a pass-2 step writes
     RELOAD                    plan.reload: read the row again rather than keep it
     SUM_EACH_STEP             plan.sum_each_step: dW added over each step's rows at once
@@ -48,9 +50,11 @@ The flags, and the plan fields that set them (ForwardPlan, BackwardPlan: launch.
 
 Then, in order: `rmsnorm_fwd_rows_kernel` with every flag off (the plain kernel, BLOCK_M rows
 at a time), `_forward` (how a plan becomes a launch), `rmsnorm_bwd_rows_kernel` and
-`rmsnorm_backward` with `column_sums.py`, and the other paths as `launch.forward_plan` and
-`launch.backward_plan` send shapes to them. `row_loads.py` holds the load and store helpers
-every kernel calls.
+`rmsnorm_backward` with `column_sums.py`, and the other paths as the rules of
+`launch.FORWARD_RULES` and `launch.BACKWARD_RULES` (the measured ones in plans/h100.json
+first) send shapes to them. `row_loads.py` holds the load and store helpers every kernel
+calls; `ready_launch.py` how a second call with the same layouts skips straight to the
+launch.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from solutions.kernels.launch import (
     forward_plan,
     stated_multiple_of,
 )
+from solutions.kernels.ready_launch import launch_key, ready_launch
 from solutions.kernels.row_loads import (
     columns_in_row,
     load_row_piece,
@@ -167,8 +172,9 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     # P programs walk over tiles p, p + P, ... and issue the next tile's loads before this
     # tile's arithmetic, so that few programs still keep memory requests in flight.
     # STREAM (one tile a program only): the rows are read and written with evict-first
-    # hints (ForwardPlan.stream says where). WEIGHT_AFTER (one tile a program only,
-    # ForwardPlan.weight_after_sum): the weight is loaded after the sum.
+    # hints (Variant.STREAM; docs/launch-rules.md#streamed-rows says where). WEIGHT_AFTER
+    # (one tile a program only, ForwardPlan.weight_after_sum): the weight is loaded after
+    # the sum.
     # EVEN (ForwardPlan.rows_even): the rows fill the block and M the tiles, so no masks.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
@@ -241,10 +247,11 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     # BLOCK_N columns at once, the whole row when it fits, and keeps nothing but the sum of
     # squares: the loads are all in flight together, which is what keeps HBM busy. Pass 2
     # reads the row again, mostly from L1 or L2, where pass 1 asked it to stay.
-    # ROW_BLOCKS > 0 (ForwardPlan.one_row): a program has one row, in ROW_BLOCKS blocks of
+    # ROW_BLOCKS > 0 (Variant.ONE_ROW): a program has one row, in ROW_BLOCKS blocks of
     # BLOCK_N columns. Both passes are then unrolled, so the compiler can issue their loads
     # together, and pass 1 sums squares lane by lane, across threads once (0.1 to 0.5 point
-    # of copy faster at most lengths; launch.ONE_ROW_LOOP says where). EVEN: no masks.
+    # of copy faster at most lengths; docs/launch-rules.md#one-row-loop says where). EVEN:
+    # no masks.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
     ONE_ROW: tl.constexpr = ROW_BLOCKS > 0
@@ -335,9 +342,26 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
         tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+# Launches kept by the layouts of (x, weight, residual) and store_rstd (ready_launch.py),
+# and the kernels' arguments that each call fills in.
+_READY_FORWARDS: dict = {}
+_FORWARD_PER_CALL = ("x_ptr", "res_ptr", "w_ptr", "y_ptr", "res_out_ptr", "rstd_ptr", "eps")
+
+
 def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
              residual: torch.Tensor | None, store_rstd: bool, plan: ForwardPlan | None):
     """Launch the forward; returns (y, residual_out or None, rstd or None), shaped like x."""
+    key = launch_key(x, weight, residual, store_rstd) if plan is None else None
+    ready = _READY_FORWARDS.get(key)
+    if ready is not None:  # these layouts were checked, planned and compiled before
+        y = torch.empty_like(x)  # contiguous: x's rows are either contiguous or spaced apart
+        res_out = torch.empty_like(y) if residual is not None else None
+        rstd = (torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+                if store_rstd else None)
+        ready.run(x, y if residual is None else residual, y if weight is None else weight, y,
+                  y if res_out is None else res_out, y if rstd is None else rstd,
+                  check_eps(eps))
+        return y, res_out, rstd
     x2 = as_rows(x)
     check_param(x, weight, "weight")
     eps = check_eps(eps)
@@ -356,25 +380,31 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         strides = (x2.stride(0), res2.stride(0) if res2 is not None else 0, y.stride(0),
                    res_out.stride(0) if res_out is not None else 0)
         flags = dict(HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-                     STORE_RSTD=store_rstd, MULTIPLE=stated_multiple_of(N, *strides))
+                     STORE_RSTD=store_rstd, MULTIPLE=stated_multiple_of(N, *strides),
+                     **plan.launch_options())
         grid = plan.grid(M, N)
         if plan.path == "rows":
-            rmsnorm_fwd_rows_kernel[grid](*args, M, N, *strides, eps, **flags,
-                                          PREFETCH=plan.prefetch, BLOCK_M=plan.block_m,
-                                          BLOCK_N=plan.block_n, STREAM=plan.stream,
-                                          WEIGHT_AFTER=plan.weight_after_sum,
-                                          **plan.rows_even(M, N), **plan.launch_options())
+            kernel, args = rmsnorm_fwd_rows_kernel, (*args, M, N, *strides, eps)
+            flags |= dict(PREFETCH=plan.prefetch, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                          STREAM=plan.stream, WEIGHT_AFTER=plan.weight_after_sum,
+                          **plan.rows_even(M, N))
         elif plan.path == "split":
             check_path_runs_here(plan.path, x.device, plan.split)
             slots, epoch = exchange_slots(M * plan.split, x.device)
-            rmsnorm_fwd_split_kernel[grid](*args, slots, epoch, M, N, *strides, eps,
-                                           **flags, RELOAD=plan.reload, SPLIT=plan.split,
-                                           BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
-                                           **plan.launch_options())
+            kernel, args = rmsnorm_fwd_split_kernel, (*args, slots, epoch, M, N, *strides, eps)
+            flags |= dict(RELOAD=plan.reload, SPLIT=plan.split, BLOCK_N=plan.block_n,
+                          OUT_BLOCK=plan.second_block)
         else:
-            rmsnorm_fwd_loop_kernel[grid](*args, M, N, *strides, eps, **flags,
-                                          BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
-                                          **plan.row_blocks(N), **plan.launch_options())
+            kernel, args = rmsnorm_fwd_loop_kernel, (*args, M, N, *strides, eps)
+            flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
+                          **plan.row_blocks(N))
+        compiled = kernel[grid](*args, **flags)
+        # kept where a later call can launch the same way: not a split (its exchange slots
+        # change every call), and x and the residual viewed as rows, not copied
+        if (key is not None and plan.path != "split" and x2.data_ptr() == x.data_ptr()
+                and (res2 is None or res2.data_ptr() == residual.data_ptr())):
+            _READY_FORWARDS[key] = ready_launch(compiled, kernel, grid, args, flags,
+                                                _FORWARD_PER_CALL)
     shape = x.shape
     return (y.view(shape), res_out.view(shape) if res_out is not None else None,
             rstd.view(shape[:-1]) if rstd is not None else None)
@@ -597,15 +627,29 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
     tl.store(dw_partial_ptr + group.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
 
 
+# Launches kept by the layouts of (x, weight, rstd, dy) (ready_launch.py), with the shape of
+# their partial sums, and the first kernel's arguments that each call fills in.
+_READY_BACKWARDS: dict = {}
+_BACKWARD_PER_CALL = ("x_ptr", "w_ptr", "dy_ptr", "rstd_ptr", "dx_ptr", "dw_partial_ptr")
+
+
 def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
                      dy: torch.Tensor, plan: BackwardPlan | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dx, dw) for y = rmsnorm(x, weight) given the forward's saved float32 `rstd`."""
+    key = launch_key(x, weight, rstd, dy) if plan is None else None
+    kept = _READY_BACKWARDS.get(key)
+    if kept is not None:  # these layouts were checked, planned and compiled before
+        ready, partials_shape = kept
+        dx = torch.empty_like(x)  # contiguous, as in _forward
+        partials = torch.empty(partials_shape, dtype=torch.float32, device=x.device)
+        ready.run(x, dx if weight is None else weight, dy, rstd, dx, partials)
+        return dx, column_sums(partials, weight.dtype)[0] if weight is not None else None
     x2 = as_rows(x)
     dy2 = check_same_rows(x, dy, "dy")
     check_param(x, weight, "weight")
     M, N = x2.shape
-    rstd = row_statistic(rstd, M, "rstd")
+    rstd2 = row_statistic(rstd, M, "rstd")
     dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if M == 0:
         dw = torch.zeros_like(weight) if weight is not None else None
@@ -619,31 +663,36 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     alloc = torch.zeros if plan.path == "loop" else torch.empty
     partials = alloc((1, programs, N), dtype=torch.float32, device=x.device)
     w_arg = weight if weight is not None else dx
-    common = (x2, w_arg, dy2, rstd, dx, partials, M, N, x2.stride(0), dy2.stride(0),
+    common = (x2, w_arg, dy2, rstd2, dx, partials, M, N, x2.stride(0), dy2.stride(0),
               dx.stride(0), rows_per_program)
-    multiple = stated_multiple_of(N, x2.stride(0), dy2.stride(0), dx.stride(0))
+    flags = dict(HAS_WEIGHT=weight is not None,
+                 MULTIPLE=stated_multiple_of(N, x2.stride(0), dy2.stride(0), dx.stride(0)))
+    grid = (programs,)
     if plan.path == "rows":
-        rmsnorm_bwd_rows_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                             MULTIPLE=multiple, RELOAD=plan.reload,
-                                             SUM_EACH_STEP=plan.sum_each_step,
-                                             PREFETCH=plan.prefetch,
-                                             BLOCK_M=plan.block_m,
-                                             BLOCK_N=plan.block_n, num_warps=plan.num_warps,
-                                             num_stages=plan.num_stages)
+        kernel, args = rmsnorm_bwd_rows_kernel, common
+        flags |= dict(RELOAD=plan.reload, SUM_EACH_STEP=plan.sum_each_step,
+                      PREFETCH=plan.prefetch, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                      num_warps=plan.num_warps, num_stages=plan.num_stages)
     elif plan.path == "pieces":
-        rmsnorm_bwd_pieces_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                               HEAD=plan.block_n, TAIL=plan.tail_for(N),
-                                               MULTIPLE=multiple, num_warps=plan.num_warps)
+        kernel, args = rmsnorm_bwd_pieces_kernel, common
+        flags |= dict(HEAD=plan.block_n, TAIL=plan.tail_for(N), num_warps=plan.num_warps)
     elif plan.path == "split":
         slots, epoch = exchange_slots(M * plan.split, x.device)
-        rmsnorm_bwd_split_kernel[(programs * plan.split,)](
-            *common[:6], slots, epoch, *common[6:-1], HAS_WEIGHT=weight is not None,
-            SPLIT=plan.split, BLOCK_N=plan.block_n, MULTIPLE=multiple,
-            **plan.launch_options())
+        kernel, args = rmsnorm_bwd_split_kernel, (*common[:6], slots, epoch, *common[6:-1])
+        grid = (programs * plan.split,)
+        flags |= dict(SPLIT=plan.split, BLOCK_N=plan.block_n, **plan.launch_options())
     else:
-        rmsnorm_bwd_loop_kernel[(programs,)](*common, HAS_WEIGHT=weight is not None,
-                                             BLOCK_N=plan.block_n, MULTIPLE=multiple,
-                                             num_warps=plan.num_warps)
+        kernel, args = rmsnorm_bwd_loop_kernel, common
+        flags |= dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    compiled = kernel[grid](*args, **flags)
+    # kept where a later call can launch the same way: not a split (its exchange slots change
+    # every call), nor the loop path (its partial sums start from zeros), and x, dy and rstd
+    # viewed as rows, not copied
+    if (key is not None and plan.path in ("rows", "pieces")
+            and x2.data_ptr() == x.data_ptr() and dy2.data_ptr() == dy.data_ptr()
+            and rstd2.data_ptr() == rstd.data_ptr()):
+        _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
+                                              _BACKWARD_PER_CALL), partials.shape)
     dw = column_sums(partials, weight.dtype)[0] if weight is not None else None
     return dx.view(x.shape), dw
 

@@ -30,7 +30,7 @@ def stated_multiples(n, stride_a, stride_b, stride_c, stride_d, MULTIPLE: tl.con
 @triton.jit
 def rows_of_program(M, ONE_ROW: tl.constexpr):
     """(first, end, step) of the rows a loop-path program takes, for `range`: every
-    num_programs-th row from its own, or, ONE_ROW (ForwardPlan.one_row), its own row only,
+    num_programs-th row from its own, or, ONE_ROW (Variant.ONE_ROW), its own row only,
     with bounds the compiler sees make one trip."""
     first = tl.program_id(0).to(tl.int64)
     if ONE_ROW:

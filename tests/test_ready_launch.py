@@ -1,0 +1,150 @@
+"""The reference wrappers' kept launches (solutions/kernels/ready_launch.py): a second call
+with the same layouts launches what the first compiled, and gives the same bits; a layout
+that differs in anything Triton specialises on gets a launch of its own. GPU tests run on
+the device; without one, the interpreter keeps nothing."""
+
+import importlib
+
+import course  # noqa: F401  (mode first)
+from course import runtime
+
+import pytest
+import torch
+
+from solutions.kernels.layernorm import layernorm
+from solutions.kernels.ready_launch import launch_key, layout
+from solutions.kernels.rmsnorm import add_rmsnorm, rmsnorm
+
+# the modules themselves (the package's names rmsnorm, layernorm... are its functions)
+rmsnorm_module = importlib.import_module("solutions.kernels.rmsnorm")
+layernorm_module = importlib.import_module("solutions.kernels.layernorm")
+column_sums_module = importlib.import_module("solutions.kernels.column_sums")
+KEPT = (rmsnorm_module._READY_FORWARDS, rmsnorm_module._READY_BACKWARDS,
+        layernorm_module._READY_FORWARDS, layernorm_module._READY_BACKWARDS,
+        column_sums_module._READY)
+
+
+def _forget():
+    for kept in KEPT:
+        kept.clear()
+
+
+def test_the_interpreter_keeps_no_launch():
+    if runtime.on_gpu():
+        pytest.skip("on a GPU launches are kept: the GPU tests below check them")
+    _forget()
+    x = torch.randn(4, 64, requires_grad=True)
+    w = torch.ones(64, requires_grad=True)
+    rmsnorm(x, w).sum().backward()
+    layernorm(x, w, w.detach().clone().requires_grad_()).sum().backward()
+    add_rmsnorm(x.detach(), x.detach(), w.detach())
+    assert all(len(kept) == 0 for kept in KEPT)
+    assert launch_key(x, w, None, True) is None  # off the GPU, nothing is looked up
+
+
+def test_a_layout_says_what_triton_specialises_on():
+    x = torch.zeros(4, 64)
+    assert layout(x) == (torch.Size([4, 64]), (64, 1), torch.float32, x.device, True)
+    assert layout(x[:, 1:])[-1] is False  # 4 bytes past a 16-byte boundary
+    assert layout(x[:2]) != layout(x) and layout(x.t()) != layout(x)
+    assert layout(None) is None
+    assert layout([1.0])[0] == "not a tensor"
+
+
+gpu = pytest.mark.gpu
+
+
+def _layouts(N, dtype):
+    """Inputs whose layouts differ in what a launch depends on, each as (name, x)."""
+    base = torch.randn(64, N + 8, device="cuda", dtype=dtype)
+    return [("rows", torch.randn(64, N, device="cuda", dtype=dtype)),
+            ("3-d", torch.randn(4, 16, N, device="cuda", dtype=dtype)),
+            ("row stride", base[:, :N]),
+            ("unaligned", base[:, 1:N + 1]),  # 2 or 4 bytes past a 16-byte boundary
+            ("copied", torch.randn(16, 4, N, device="cuda", dtype=dtype).transpose(0, 1))]
+
+
+@gpu
+@pytest.mark.parametrize("N", [256, 4096, 5120])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_kept_forward_gives_the_first_calls_bits(N, dtype):
+    _forget()
+    w = torch.randn(N, device="cuda", dtype=dtype)
+    b = torch.randn(N, device="cuda", dtype=dtype)
+    for name, x in _layouts(N, dtype):
+        r = torch.randn_like(x)
+        calls = {"rmsnorm": lambda x=x: rmsnorm(x, w),
+                 "rmsnorm, no weight": lambda x=x: rmsnorm(x),
+                 "add_rmsnorm": lambda x=x, r=r: add_rmsnorm(x, r, w),
+                 "layernorm": lambda x=x: layernorm(x, w, b),
+                 "layernorm, no bias": lambda x=x: layernorm(x, w)}
+        for op, call in calls.items():
+            first = call()
+            again = call()
+            for a, b_ in zip(first if isinstance(first, tuple) else (first,),
+                             again if isinstance(again, tuple) else (again,), strict=True):
+                assert a.shape == b_.shape == x.shape and a.is_contiguous(), (op, name)
+                assert torch.equal(a, b_), f"{op}, {name}: the kept launch differs"
+    kept = len(rmsnorm_module._READY_FORWARDS) + len(layernorm_module._READY_FORWARDS)
+    # every layout but the copied one, for each of the five calls
+    assert kept == 5 * 4
+
+
+@gpu
+@pytest.mark.parametrize("N", [512, 4096, 5120])
+def test_a_kept_backward_gives_the_first_calls_gradients(N):
+    _forget()
+    dtype = torch.bfloat16
+    w0 = torch.randn(N, device="cuda", dtype=dtype)
+    for name, x0 in _layouts(N, dtype):
+        dy = torch.randn(x0.shape, device="cuda", dtype=dtype)
+        grads = []
+        for _ in range(2):
+            x = x0.detach().clone().requires_grad_()
+            w = w0.clone().requires_grad_()
+            b = torch.zeros_like(w0, requires_grad=True)
+            rmsnorm(x, w).backward(dy)
+            layernorm(x, w, b).backward(dy)
+            grads.append((x.grad, w.grad, b.grad))
+        for a, b_ in zip(*grads, strict=True):
+            assert torch.equal(a, b_), f"{name}: the kept backward differs"
+    # x.clone() is contiguous whatever x0's layout: one layout a shape, 2-d or 3-d
+    assert len(rmsnorm_module._READY_BACKWARDS) == 2
+    assert len(layernorm_module._READY_BACKWARDS) == 2
+    assert len(column_sums_module._READY) >= 1
+
+
+@gpu
+def test_kept_launches_match_the_reference_and_run_inside_a_cuda_graph():
+    from course import reference
+    from course.check.compare import compare
+
+    _forget()
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    rmsnorm(x, w)  # kept now
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        y = rmsnorm(x, w)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert compare("y", y, reference.rmsnorm(x, w), torch.bfloat16) is None
+
+
+@gpu
+def test_a_kept_launch_calls_tritons_launch_hooks():
+    # Profilers (Proton) hook Triton's launches: a kept launch must call them as Triton does
+    from triton import knobs
+
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
+    rmsnorm(x)
+    seen = []
+    knobs.runtime.launch_enter_hook = lambda metadata: seen.append(metadata.get()["name"])
+    try:
+        rmsnorm(x)
+    finally:
+        knobs.runtime.launch_enter_hook = None
+    assert seen == ["rmsnorm_fwd_rows_kernel"]
