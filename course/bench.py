@@ -36,9 +36,11 @@ import torch
 
 # Rotating inputs, and the outputs kept alive, add up to this many times the L2 cache.
 L2_MULTIPLE = 3.0
-# How a repetition is timed: each call alone between two events ("call", `time_fn`), or
-# calls back to back in a CUDA graph ("graph", `time_graph`).
-TIMERS = ("call", "graph")
+# How a repetition is timed: each call alone between two events, its launch hidden ("call",
+# `time_fn`), or from the host's call on ("eager": what an eager PyTorch user waits); calls
+# back to back in a CUDA graph ("graph", `time_graph`); calls back to back from Python,
+# wall-clock ("host", `time_back_to_back`: where the host's cost per call shows).
+TIMERS = ("call", "graph", "eager", "host")
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,27 @@ def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int
     return _per_call(replays, in_graph)
 
 
+def time_back_to_back(calls: Sequence[Callable[[], Any]], *, warmup: int = 10, reps: int = 20,
+                      calls_per_rep: int = 100) -> Timing:
+    """Per-call wall-clock times of `calls_per_rep` calls made back to back from Python, as a
+    model's eager forward makes them, then one synchronisation: a call costs the longer of
+    its host's work (checks, planning, the launch) and its kernel's, so at short rows this
+    measures the wrapper. Nothing is held: each call's output is freed before the next."""
+    if reps < 1:
+        raise ValueError(f"reps must be at least 1, got {reps}")
+    for i in range(warmup):
+        calls[i % len(calls)]()
+    runtime.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for i in range(calls_per_rep):
+            calls[i % len(calls)]()
+        runtime.synchronize()
+        times.append((time.perf_counter() - t0) / calls_per_rep)
+    return Timing(tuple(times))
+
+
 def _per_call(timing: Timing, calls: int) -> Timing:
     """The times of runs of `calls` calls each, as times a call."""
     return Timing(tuple(t / calls for t in timing.times_s))
@@ -240,12 +263,16 @@ def in_alternating_order(items: Sequence[Any], rounds: int) -> Iterator[Any]:
 def time_in_turn(calls: Sequence[Callable[[], Any]], *, warmup: int = 10, reps: int = 100,
                  hide_launch: bool = False, timer: str = "call") -> Timing:
     """Time the calls taken in turn, repetition i running calls[i % len(calls)]: each call
-    bound to its own copy of the inputs, so that the inputs rotate. `timer` is "call" (each
-    call on its own, `time_fn`) or "graph" (back to back in a CUDA graph, `time_graph`)."""
+    bound to its own copy of the inputs, so that the inputs rotate. `timer` is one of TIMERS:
+    "call" (each call on its own, `time_fn`, launch hidden if `hide_launch`), "eager" (the
+    same, launch never hidden), "graph" (`time_graph`) or "host" (`time_back_to_back`)."""
     if timer not in TIMERS:
         raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
     if timer == "graph":
         return time_graph(calls, reps=reps)
+    if timer == "host":
+        return time_back_to_back(calls, warmup=warmup, reps=max(5, reps // 5))
+    hide_launch = hide_launch and timer == "call"
     current = [calls[0]]
 
     def pick(i: int) -> None:

@@ -159,12 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--impls", default="", help="only these implementations (names as "
                                                    "in the table), comma-separated")
     bench.add_argument("--shapes", default="", metavar="MxN,...",
-                       help="measure these shapes, in every dtype asked for (default: the "
+                       help="measure these shapes (or \"decode\": M = 1, 8, 64 at N = 4096 and "
+                            "8192), in every dtype asked for (default: the "
                             "benchmark's shapes in bfloat16, a subset of them otherwise)")
     bench.add_argument("--reps", type=int, default=50)
     bench.add_argument("--timer", default="call", choices=TIMERS,
-                       help="call: each call alone between two events (default); graph: "
-                            "calls back to back in a CUDA graph, as a model runs them")
+                       help="call: each call alone between two events, GPU time (default); "
+                            "graph: calls back to back in a CUDA graph, as a model runs them; "
+                            "eager: each call alone, host overhead included; host: calls back "
+                            "to back from Python, wall clock (the wrappers' cost per call)")
     bench.add_argument("--out", default="bench-results", help="folder for CSV, JSON and plot")
     grade = commands.add_parser(
         "grade", help="grade a chapter notebook as the autograder does (hidden tests too)",

@@ -26,6 +26,9 @@ import torch
 SHAPES = ((32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096),
           (16384, 8192), (8192, 16384), (4096, 32768), (2048, 65536), (1024, 131072),
           (512, 262144))
+# Inference decode: a token (or a few sequences' tokens) a call, where the wrapper's cost per
+# call is most of the call (`--shapes decode`, with `--timer host` or `eager`)
+DECODE_SHAPES = ((1, 4096), (8, 4096), (64, 4096), (1, 8192), (8, 8192), (64, 8192))
 # float16 and float32 on a subset: short, medium and long rows
 SUBSET = ((32768, 512), (32768, 4096), (4096, 32768))
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -56,7 +59,9 @@ class Row:
 
 
 # How `course bench` timed the calls (bench.TIMERS), as the plot's legend says it.
-TIMER_TITLES = {"call": "each call timed alone", "graph": "calls back to back in a CUDA graph"}
+TIMER_TITLES = {"call": "each call timed alone", "graph": "calls back to back in a CUDA graph",
+                "eager": "each call timed alone, host overhead included",
+                "host": "calls back to back from Python (wall clock)"}
 # The run docs/benchmarks.md reports, shipped with the package so that a pip-installed course
 # (on Colab, say) can show it too. One process: every comparison shares its copy bandwidth.
 RECORDED_RUN = Path(__file__).parent / "data" / "bench-h100-2026-11-24.csv"
@@ -64,10 +69,14 @@ RECORDED_ON = "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-24"
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """'8192x5120,4096x7168' -> [(8192, 5120), (4096, 7168)], as `--shapes` takes them."""
+    """'8192x5120,4096x7168' -> [(8192, 5120), (4096, 7168)], as `--shapes` takes them;
+    'decode' stands for DECODE_SHAPES."""
     shapes = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
+            continue
+        if part == "decode":
+            shapes.extend(DECODE_SHAPES)
             continue
         dims = part.lower().split("x")
         if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
@@ -259,8 +268,9 @@ def format_table(rows: Sequence[Row], op: str, dtype: str) -> str:
             r = next((r for r in sel if r.impl == name and (r.M, r.N) == (M, N)), None)
             if r is None:
                 cells.append("")
-            elif r.status == "ok":
-                cells.append(f"{100 * r.fraction_of_copy:.1f} % ({r.gbps:.0f})")
+            elif r.status == "ok":  # % of copy, then (GB/s; us a call)
+                cells.append(f"{100 * r.fraction_of_copy:.1f} % ({r.gbps:.0f}; "
+                             f"{r.seconds * 1e6:.1f} us)")
             else:
                 cells.append(r.status.split(":")[0])
         lines.append(f"| {M} x {N} | {' | '.join(cells)} |")

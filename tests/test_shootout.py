@@ -72,7 +72,7 @@ def _rows():
 
 def test_table_shows_fractions_and_reasons(tmp_path):
     table = shootout.format_table(_rows(), "rmsnorm_fwd", "bfloat16")
-    assert "| 32768 x 256 | 90.0 % (100) | unavailable |" in table
+    assert "| 32768 x 256 | 90.0 % (100; 0.0 us) | unavailable |" in table
     shootout.plot(_rows(), tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
 
@@ -236,3 +236,18 @@ def test_the_timer_asked_for_times_every_implementation(monkeypatch):
     shootout.run_point("rmsnorm_fwd", 4, 64, torch.float32, impls=["ours", "torch F.rms_norm"],
                        reps=2, copy=1e9, timer="graph")
     assert timers == ["graph"] * 4  # two implementations, two rounds
+
+
+def test_decode_shapes_are_asked_for_by_name():
+    assert shootout.parse_shapes("decode,2x512") == [*shootout.DECODE_SHAPES, (2, 512)]
+    assert (1, 4096) in shootout.DECODE_SHAPES and (64, 8192) in shootout.DECODE_SHAPES
+
+
+def test_the_host_timer_makes_the_calls_back_to_back_and_times_each():
+    made = []
+    calls = [lambda: made.append("a"), lambda: made.append("b")]
+    timing = bench.time_in_turn(calls, warmup=4, reps=25, timer="host")
+    # 25 reps come to 5 timed runs of 100 calls, after 4 warm-up calls, taken in turn
+    assert len(timing.times_s) == 5 and len(made) == 4 + 5 * 100
+    assert made[:6] == ["a", "b", "a", "b", "a", "b"]
+    assert all(t > 0 for t in timing.times_s)
