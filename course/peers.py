@@ -67,6 +67,7 @@ def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False)
 
 
+@functools.cache
 def _ours():
     """The course's reference kernels, imported only when `course bench` runs them: they come
     with a checkout of the repository (solutions/kernels/), not with the learners' package."""

@@ -43,7 +43,8 @@ def launch_key(x, *others) -> tuple | None:
     off the GPU, where nothing is kept."""
     if not (isinstance(x, torch.Tensor) and x.is_cuda) or knobs is None:
         return None
-    return torch.cuda.current_device(), layout(x), *map(layout, others)
+    return (torch.cuda.current_device(), x.shape, x.stride(), x.dtype, x.device,
+            x.data_ptr() % 16 == 0, *map(layout, others))
 
 
 class ReadyLaunch:
@@ -71,14 +72,15 @@ class ReadyLaunch:
 
     def run(self, *values) -> None:
         args = self.args.copy()
-        for slot, value in zip(self.slots, values, strict=True):
+        for slot, value in zip(self.slots, values):  # noqa: B905 (as many, by construction)
             args[slot] = value
         stream = self.current_stream(self.device)
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        hooks = knobs.runtime
+        enter = hooks.launch_enter_hook
         # what a profiler hooked on launches is told (Triton makes it only for a hook)
         about = None if enter is None else self.compiled.launch_metadata(self.grid, stream, *args)
-        self.launch(*self.grid, stream, self.function, self.metadata, about, enter, leave,
-                    *args)
+        self.launch(*self.grid, stream, self.function, self.metadata, about, enter,
+                    hooks.launch_exit_hook, *args)
 
 def ready_launch(compiled, kernel, grid, args: tuple, kwargs: dict, per_call: tuple[str, ...]
                  ) -> ReadyLaunch | None:
