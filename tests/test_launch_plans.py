@@ -85,9 +85,9 @@ def forward_launch(op: str, M: int, N: int, dtype: torch.dtype, device: torch.de
                     **plan.rows_even(M, N))
     elif plan.path == "split":
         out |= dict(RELOAD=plan.reload, SPLIT=plan.split, BLOCK_N=plan.block_n,
-                    OUT_BLOCK=plan.second_block, **_refused(plan, device))
+                    OUT_BLOCK=plan.out_block, **_refused(plan, device))
     else:
-        out |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block)
+        out |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block)
         try:
             out |= plan.row_blocks(N)
         except ValueError as exc:
@@ -292,7 +292,7 @@ def test_plans_are_built_by_keyword_with_one_variant():
         launch.ForwardPlan("rows", 512, 4)
     plan = launch.ForwardPlan(path="rows", block_n=512, num_warps=4, variant="stream")
     assert plan.stream and plan.weight_after_sum and not plan.prefetch
-    assert plan.second_block == 512 and plan.launch_options() == {"num_warps": 4}
+    assert plan.out_block == 512 and plan.launch_options() == {"num_warps": 4}
     with pytest.raises(ValueError, match="the one_row variant is for the loop path with a "
                                          "program per row"):
         launch.ForwardPlan(path="loop", block_n=512, num_warps=4, programs=3,

@@ -366,9 +366,9 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
                 assert plan.prefetch or not plan.programs, where
             elif plan.one_row:  # unrolled blocks: enough of them, and not too many
                 assert plan.row_blocks(n)["ROW_BLOCKS"] * plan.block_n >= n, where
-                assert plan.second_block <= plan.block_n and not plan.programs, where
+                assert plan.out_block <= plan.block_n and not plan.programs, where
             else:
-                assert plan.path == "loop" and plan.second_block <= plan.block_n, where
+                assert plan.path == "loop" and plan.out_block <= plan.block_n, where
                 if not plan.programs:  # a program per row: only where it was measured
                     dtype = "float32" if element_size == 4 else "16-bit"
                     assert plan == measured(Rows(op, 4096, n, dtype, element_size, H100)), where

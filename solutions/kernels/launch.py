@@ -90,7 +90,6 @@ class ForwardPlan:
                              f"{' with a program per row' if path == 'loop' else ''}: {self}")
 
     # The names the wrappers read (rmsnorm.py, layernorm.py).
-    second_block = property(lambda self: self.out_block)
     prefetch = property(lambda self: self.variant is Variant.PREFETCH)
     stream = property(lambda self: self.variant is Variant.STREAM)
     weight_after = property(lambda self: self.variant is Variant.WEIGHT_AFTER)

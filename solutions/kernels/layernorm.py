@@ -128,7 +128,7 @@ def _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr,
         tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     y = x_hat * w[None, :] + b[None, :]
     store_rows(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask,
-               STREAM)
+               STREAM=STREAM)
 
 
 # Rows kernel: the longest rows whose weight and bias are loaded before x (see below).
@@ -152,13 +152,13 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # loaded evict-first, y streamed out. WEIGHT_AFTER (w and b loaded after the
     # reduction) and EVEN, as there.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
-        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
+        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    col_mask = columns_in_row(cols, N, EVEN)
+    col_mask = columns_in_row(cols, N, EVEN=EVEN)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]
-    row_mask = rows_in_tile(rows, M, EVEN)
+    row_mask = rows_in_tile(rows, M, EVEN=EVEN)
     mask = row_mask[:, None] & col_mask[None, :]
     # Short rows load w and b first, kept in L2, so their loads fly beside x's (32768 x
     # 512: 83.7 and 84.0 % of copy in two runs, against 82.7 and 82.6 % loading them after
@@ -166,8 +166,8 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # through it, rows of 32768 on 32 warps spilled more (65.6 % against 96.3 %).
     params_first: tl.constexpr = BLOCK_N <= PARAMS_FIRST_MAX_N and not PREFETCH and not WEIGHT_AFTER
     if params_first:
-        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
-        b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
+        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
+        b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS=HAS_BIAS)
     # Short 16-bit rows are summed about their first value, K = x[row, 0] (module
     # docstring): (mean - K)^2 <= N * var, so at most log2(1 + 512) = 9 of float32's 24
     # bits cancel, and 15 remain for an output that keeps 8 or 11. The two sums no longer
@@ -178,7 +178,7 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     shifted: tl.constexpr = (BLOCK_N <= SHIFTED_MAX_N
                              and x_ptr.dtype.element_ty.primitive_bitwidth == 16)
     if not PREFETCH:
-        x = load_rows(x_ptr + r64 * stride_x_row + cols[None, :], mask, STREAM)
+        x = load_rows(x_ptr + r64 * stride_x_row + cols[None, :], mask, STREAM=STREAM)
         if shifted:
             first = tl.load(x_ptr + rows.to(tl.int64) * stride_x_row, mask=row_mask,
                             other=0.0)
@@ -187,17 +187,18 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         else:
             x_hat, mean, rstd = _normalise_tile(x.to(tl.float32), mask, N, eps)
         if not params_first:
-            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
-            b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
+            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
+            b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS=HAS_BIAS)
         _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr,
-                              mean_ptr, rstd_ptr, row_mask, stride_y_row, STORE_STATS, STREAM)
+                              mean_ptr, rstd_ptr, row_mask, stride_y_row,
+                              STORE_STATS=STORE_STATS, STREAM=STREAM)
     else:
         n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
         for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
             rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
             r64 = rows.to(tl.int64)[:, None]
-            row_mask = rows_in_tile(rows, M, EVEN)
+            row_mask = rows_in_tile(rows, M, EVEN=EVEN)
             mask = row_mask[:, None] & col_mask[None, :]
             x = x_next.to(tl.float32)
             ahead = (tile + n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -208,10 +209,11 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
             # A tile at a time: held across the loop they measured 68.2 and 68.9 % of copy
             # at 32768 x 256; a tile at a time 70.3 and 71.6 % (plain loads), 70.9 and 71.1 %
             # (evict_last, before the reduction)
-            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
-            b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS)
+            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
+            b = bias_or_zeros(b_ptr, cols, col_mask, HAS_BIAS=HAS_BIAS)
             _store_layernorm_rows(x_hat, mean, rstd, rows, r64, mask, cols, w, b, y_ptr,
-                                  mean_ptr, rstd_ptr, row_mask, stride_y_row, STORE_STATS)
+                                  mean_ptr, rstd_ptr, row_mask, stride_y_row,
+                                  STORE_STATS=STORE_STATS)
 
 
 # The split path's shift: the mean of a row's first HEAD values (see the module docstring).
@@ -264,8 +266,8 @@ def _normalise_again(x_row_ptr, w_ptr, b_ptr, y_row_ptr, cols, mask, mean, rstd,
     """Pass 2 of the loop and split paths: read a block again (from L1 or L2, for the last
     time) and store it normalised."""
     x = tl.load(x_row_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-    y = _affine((x.to(tl.float32) - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT,
-                HAS_BIAS)
+    y = _affine((x.to(tl.float32) - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT=HAS_WEIGHT,
+                HAS_BIAS=HAS_BIAS)
     tl.store(y_row_ptr + cols, y.to(y_row_ptr.dtype.element_ty), mask=mask)
 
 
@@ -280,18 +282,18 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # program of a row computes the same shift, publishes its two shifted sums, and reads
     # its columns again once the row's sums are in.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
-        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
+        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     row = (pid // SPLIT).to(tl.int64)
     part = pid % SPLIT
     x_row = x_ptr + row * stride_x_row
-    shift = _row_shift(x_row, N, HEAD)
+    shift = _row_shift(x_row, N, HEAD=HEAD)
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     sum_d, sum_d2 = _shifted_sums(x_row, cols, cols < N, shift)
     slots = slots_ptr + row * (2 * SPLIT)
     publish(slots + 2 * part, sum_d, epoch)
     publish(slots + 2 * part + 1, sum_d2, epoch)
-    total_d, total_d2 = wait_for_pairs(slots, epoch, SPLIT)
+    total_d, total_d2 = wait_for_pairs(slots, epoch, SPLIT=SPLIT)
     mean, rstd = _stats_from_shifted(total_d, total_d2, shift, N, eps)
     if STORE_STATS:
         if part == 0:
@@ -300,7 +302,7 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     for start in range(0, BLOCK_N, OUT_BLOCK):
         out_cols = part * BLOCK_N + start + tl.arange(0, OUT_BLOCK)
         _normalise_again(x_row, w_ptr, b_ptr, y_ptr + row * stride_y_row, out_cols,
-                         out_cols < N, mean, rstd, HAS_WEIGHT, HAS_BIAS)
+                         out_cols < N, mean, rstd, HAS_WEIGHT=HAS_WEIGHT, HAS_BIAS=HAS_BIAS)
 
 
 @triton.jit
@@ -316,13 +318,13 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     # BLOCK_N columns at once, keeping nothing, about the mean of the first block (the
     # shift, which thus costs no load of its own); pass 2 reads the row again.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
-        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE)
+        N, stride_x_row, stride_y_row, 0, 0, MULTIPLE=MULTIPLE)
     ONE_ROW: tl.constexpr = ROW_BLOCKS > 0
-    first_row, end, step = rows_of_program(M, ONE_ROW)
+    first_row, end, step = rows_of_program(M, ONE_ROW=ONE_ROW)
     for row in range(first_row, end, step):
         x_row = x_ptr + row * stride_x_row
         first = tl.arange(0, BLOCK_N)
-        in_row = columns_in_row(first, N, EVEN)
+        in_row = columns_in_row(first, N, EVEN=EVEN)
         x = _load_to_read_again(x_row, first, in_row)
         shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
         if ROW_BLOCKS > 1:
@@ -330,7 +332,7 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
             lanes_d, lanes_d2 = d, d * d
             for start in tl.static_range(BLOCK_N, ROW_BLOCKS * BLOCK_N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
-                in_row = columns_in_row(cols, N, EVEN)
+                in_row = columns_in_row(cols, N, EVEN=EVEN)
                 d = _deviations(_load_to_read_again(x_row, cols, in_row), in_row, shift)
                 lanes_d += d
                 lanes_d2 += d * d
@@ -352,13 +354,13 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
             for start in tl.static_range(0, ROW_BLOCKS * BLOCK_N, OUT_BLOCK):
                 cols = start + tl.arange(0, OUT_BLOCK)
                 _normalise_again(x_row, w_ptr, b_ptr, y_row, cols,
-                                 columns_in_row(cols, N, EVEN), mean, rstd, HAS_WEIGHT,
-                                 HAS_BIAS)
+                                 columns_in_row(cols, N, EVEN=EVEN), mean, rstd,
+                                 HAS_WEIGHT=HAS_WEIGHT, HAS_BIAS=HAS_BIAS)
         else:
             for start in range(0, N, OUT_BLOCK):
                 cols = start + tl.arange(0, OUT_BLOCK)
                 _normalise_again(x_row, w_ptr, b_ptr, y_row, cols, cols < N, mean, rstd,
-                                 HAS_WEIGHT, HAS_BIAS)
+                                 HAS_WEIGHT=HAS_WEIGHT, HAS_BIAS=HAS_BIAS)
 
 
 # Launches kept by the layouts of (x, weight, bias) and store_stats (ready_launch.py), and the
@@ -409,10 +411,10 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             slots, epoch = exchange_slots(2 * M * plan.split, x.device)
             kernel, args = layernorm_fwd_split_kernel, (*args[:6], slots, epoch, *args[6:])
             flags |= dict(HEAD=HEAD, SPLIT=plan.split, BLOCK_N=plan.block_n,
-                          OUT_BLOCK=plan.second_block)
+                          OUT_BLOCK=plan.out_block)
         else:
             kernel = layernorm_fwd_loop_kernel
-            flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
+            flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block,
                           **plan.row_blocks(N))
         compiled = kernel[grid](*args, **flags)
         # kept where a later call can launch the same way: not a split (its exchange slots
@@ -436,11 +438,11 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
     # As rmsnorm_bwd_rows_kernel (SUM_EACH_STEP, PREFETCH likewise), with the two sums
     # LayerNorm's dx needs and dB's partial row beside dW's.
     N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
-        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE)
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
     if SUM_EACH_STEP:
         dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -451,7 +453,7 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
     last = tl.minimum(first + rows_per_program, M)
     if PREFETCH:
         x_next, dy_next = load_x_dy(x_ptr, dy_ptr, first, last, cols, col_mask,
-                                    stride_x_row, stride_dy_row, BLOCK_M)
+                                    stride_x_row, stride_dy_row, BLOCK_M=BLOCK_M)
     for start in range(first, last, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < last
@@ -460,10 +462,10 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
         if PREFETCH:
             x, dy, x_next, dy_next = take_prefetched(x_ptr, dy_ptr, x_next, dy_next, start,
                                                      last, cols, col_mask, stride_x_row,
-                                                     stride_dy_row, BLOCK_M)
+                                                     stride_dy_row, BLOCK_M=BLOCK_M)
         else:
             x, dy = load_x_dy(x_ptr, dy_ptr, start, last, cols, col_mask, stride_x_row,
-                              stride_dy_row, BLOCK_M)
+                              stride_dy_row, BLOCK_M=BLOCK_M)
             x = x.to(tl.float32)
             dy = dy.to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
@@ -482,8 +484,8 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
             dw_acc += dy * x_hat
             db_acc += dy
     out = partial_ptr + pid.to(tl.int64) * N + cols
-    tl.store(out, _over_rows(dw_acc, SUM_EACH_STEP), mask=col_mask)
-    tl.store(out + stride_partial_set, _over_rows(db_acc, SUM_EACH_STEP), mask=col_mask)
+    tl.store(out, _over_rows(dw_acc, SUMMED=SUM_EACH_STEP), mask=col_mask)
+    tl.store(out + stride_partial_set, _over_rows(db_acc, SUMMED=SUM_EACH_STEP), mask=col_mask)
 
 
 @triton.jit
@@ -495,14 +497,14 @@ def layernorm_bwd_pieces_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr
     # As rmsnorm_bwd_pieces_kernel: each row as HEAD columns and TAIL more, one row a step,
     # the next row's loads first; with LayerNorm's two sums, and dB's sums beside dW's.
     N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
-        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE)
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     head = tl.arange(0, HEAD)
     tail = HEAD + tl.arange(0, TAIL)
     head_mask = head < N  # all true; a mask of the tail's form, for the row test
     tail_mask = tail < N
-    w_head = weights_or_ones(w_ptr, head, head_mask, HAS_WEIGHT)
-    w_tail = weights_or_ones(w_ptr, tail, tail_mask, HAS_WEIGHT)
+    w_head = weights_or_ones(w_ptr, head, head_mask, HAS_WEIGHT=HAS_WEIGHT)
+    w_tail = weights_or_ones(w_ptr, tail, tail_mask, HAS_WEIGHT=HAS_WEIGHT)
     dw_head = tl.zeros([HEAD], dtype=tl.float32)
     dw_tail = tl.zeros([TAIL], dtype=tl.float32)
     db_head = tl.zeros([HEAD], dtype=tl.float32)
@@ -568,7 +570,7 @@ def layernorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
                               MULTIPLE: tl.constexpr):
     # As rmsnorm_bwd_loop_kernel, with the two sums LayerNorm's dx needs.
     N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
-        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE)
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     dw_partial = partial_ptr + pid.to(tl.int64) * N
     db_partial = dw_partial + stride_partial_set
@@ -619,13 +621,13 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
                                BLOCK_N: tl.constexpr, MULTIPLE: tl.constexpr):
     # As rmsnorm_bwd_split_kernel, exchanging both sums LayerNorm's dx needs.
     N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
-        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE)
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     group = pid // SPLIT
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     first = group.to(tl.int64) * rows_per_group
@@ -649,7 +651,7 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
                          mask=col_mask & (following < last), other=0.0)
         dy_next = tl.load(dy_ptr + following * stride_dy_row + cols,
                           mask=col_mask & (following < last), other=0.0)
-        sum_g, sum_xg = wait_for_pairs(slots, epoch, SPLIT)
+        sum_g, sum_xg = wait_for_pairs(slots, epoch, SPLIT=SPLIT)
         dx = (g - sum_g / N - x_hat * (sum_xg / N)) * rstd
         tl.store(dx_ptr + row * stride_dx_row + cols, dx.to(dx_ptr.dtype.element_ty),
                  mask=col_mask)

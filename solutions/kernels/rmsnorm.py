@@ -40,7 +40,7 @@ one thing a forward plan does beyond its path's plain kernel: launch.py):
                               rows fill their blocks
     ROW_BLOCKS                plan.row_blocks(N): a Variant.ONE_ROW loop-path row, blocks
                               unrolled
-    OUT_BLOCK                 plan.second_block: columns a pass-2 step writes
+    OUT_BLOCK                 plan.out_block: columns a pass-2 step writes
     RELOAD                    plan.reload: read the row again rather than keep it
     SUM_EACH_STEP             plan.sum_each_step: dW added over each step's rows at once
     HEAD, TAIL                plan.block_n, plan.tail_for(N)
@@ -109,11 +109,12 @@ def _load_row_block(x_ptr, res_ptr, res_out_ptr, offsets_x, offsets_res, offsets
     if READ_AGAIN:
         x = tl.load(x_ptr + offsets_x, mask=mask, other=0.0, eviction_policy="evict_last")
     else:
-        x = load_rows(x_ptr + offsets_x, mask, STREAM)
+        x = load_rows(x_ptr + offsets_x, mask, STREAM=STREAM)
     r = x
     if HAS_RESIDUAL:
-        r = load_rows(res_ptr + offsets_res, mask, STREAM)
-    return _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL, STREAM)
+        r = load_rows(res_ptr + offsets_res, mask, STREAM=STREAM)
+    return _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL=HAS_RESIDUAL,
+                         STREAM=STREAM)
 
 
 @triton.jit
@@ -123,7 +124,7 @@ def _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, r64, cols, mask, strid
     and split paths)."""
     return _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols,
                            r64 * stride_res_row + cols, r64 * stride_res_out_row + cols, mask,
-                           HAS_RESIDUAL, READ_AGAIN=True)
+                           HAS_RESIDUAL=HAS_RESIDUAL, READ_AGAIN=True)
 
 
 @triton.jit
@@ -134,15 +135,15 @@ def _add_residual(x, r, res_out_ptr, offsets_res_out, mask, HAS_RESIDUAL: tl.con
         # Round the sum once, store it, and normalise what was stored: the next layer
         # reads the rounded residual, so y must be the norm of that same value.
         h = (x + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-        store_rows(res_out_ptr + offsets_res_out, h, mask, STREAM)
+        store_rows(res_out_ptr + offsets_res_out, h, mask, STREAM=STREAM)
         x = h.to(tl.float32)
     return x
 
 
 @triton.jit
 def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
-                           stride_y_row, eps, HAS_WEIGHT: tl.constexpr,
-                           STORE_RSTD: tl.constexpr, w_ptr, col_mask, STREAM: tl.constexpr,
+                           stride_y_row, eps, w_ptr, col_mask, HAS_WEIGHT: tl.constexpr,
+                           STORE_RSTD: tl.constexpr, STREAM: tl.constexpr,
                            WEIGHT_HERE: tl.constexpr):
     """Normalise a float32 tile of whole rows and store it (and rstd). WEIGHT_HERE: the
     weight is loaded here, after the sum (`w` is unused). STREAM: y is streamed out."""
@@ -151,11 +152,11 @@ def _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mas
         tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     y = x * rstd[:, None]
     if WEIGHT_HERE:
-        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
     if HAS_WEIGHT:
         y = y * w[None, :]
     store_rows(y_ptr + r64 * stride_y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask,
-               STREAM)
+               STREAM=STREAM)
 
 
 @triton.jit
@@ -177,24 +178,25 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     # the sum.
     # EVEN (ForwardPlan.rows_even): the rows fill the block and M the tiles, so no masks.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
-        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
+        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    col_mask = columns_in_row(cols, N, EVEN)
+    col_mask = columns_in_row(cols, N, EVEN=EVEN)
     weight_here: tl.constexpr = WEIGHT_AFTER and not PREFETCH
-    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT and not weight_here)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT and not weight_here)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     r64 = rows.to(tl.int64)[:, None]  # row * stride can pass 2**31 elements
-    row_mask = rows_in_tile(rows, M, EVEN)
+    row_mask = rows_in_tile(rows, M, EVEN=EVEN)
     mask = row_mask[:, None] & col_mask[None, :]
     if not PREFETCH:
         x = _load_row_block(x_ptr, res_ptr, res_out_ptr, r64 * stride_x_row + cols[None, :],
                             r64 * stride_res_row + cols[None, :],
-                            r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL,
+                            r64 * stride_res_out_row + cols[None, :], mask,
+                            HAS_RESIDUAL=HAS_RESIDUAL,
                             STREAM=STREAM)
         _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
-                               stride_y_row, eps, HAS_WEIGHT, STORE_RSTD, w_ptr, col_mask,
-                               STREAM, weight_here)
+                               stride_y_row, eps, w_ptr, col_mask, HAS_WEIGHT=HAS_WEIGHT,
+                               STORE_RSTD=STORE_RSTD, STREAM=STREAM, WEIGHT_HERE=weight_here)
     else:
         n_programs = tl.num_programs(0)
         x_next = tl.load(x_ptr + r64 * stride_x_row + cols[None, :], mask=mask, other=0.0)
@@ -205,7 +207,7 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
         for tile in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
             rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
             r64 = rows.to(tl.int64)[:, None]
-            row_mask = rows_in_tile(rows, M, EVEN)
+            row_mask = rows_in_tile(rows, M, EVEN=EVEN)
             mask = row_mask[:, None] & col_mask[None, :]
             x_raw = x_next
             res_raw = res_next
@@ -218,10 +220,11 @@ def rmsnorm_fwd_rows_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                 res_next = tl.load(res_ptr + a64 * stride_res_row + cols[None, :],
                                    mask=ahead_mask, other=0.0)
             x = _add_residual(x_raw, res_raw, res_out_ptr,
-                              r64 * stride_res_out_row + cols[None, :], mask, HAS_RESIDUAL)
+                              r64 * stride_res_out_row + cols[None, :], mask,
+                              HAS_RESIDUAL=HAS_RESIDUAL)
             _store_normalised_rows(x, rows, r64, mask, w, cols, y_ptr, rstd_ptr, row_mask, N,
-                                   stride_y_row, eps, HAS_WEIGHT, STORE_RSTD, w_ptr,
-                                   col_mask, False, False)
+                                   stride_y_row, eps, w_ptr, col_mask, HAS_WEIGHT=HAS_WEIGHT,
+                                   STORE_RSTD=STORE_RSTD, STREAM=False, WEIGHT_HERE=False)
 
 
 @triton.jit
@@ -253,21 +256,23 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
     # of copy faster at most lengths; docs/launch-rules.md#one-row-loop says where). EVEN:
     # no masks.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
-        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
+        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE=MULTIPLE)
     ONE_ROW: tl.constexpr = ROW_BLOCKS > 0
-    first_row, end, step = rows_of_program(M, ONE_ROW)
+    first_row, end, step = rows_of_program(M, ONE_ROW=ONE_ROW)
     for r64 in range(first_row, end, step):
         if ONE_ROW:
             cols = tl.arange(0, BLOCK_N)
             x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, r64, cols,
-                                         columns_in_row(cols, N, EVEN), stride_x_row,
-                                         stride_res_row, stride_res_out_row, HAS_RESIDUAL)
+                                         columns_in_row(cols, N, EVEN=EVEN), stride_x_row,
+                                         stride_res_row, stride_res_out_row,
+                                         HAS_RESIDUAL=HAS_RESIDUAL)
             squares = x * x
             for start in tl.static_range(BLOCK_N, ROW_BLOCKS * BLOCK_N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, r64, cols,
-                                             columns_in_row(cols, N, EVEN), stride_x_row,
-                                             stride_res_row, stride_res_out_row, HAS_RESIDUAL)
+                                             columns_in_row(cols, N, EVEN=EVEN), stride_x_row,
+                                             stride_res_row, stride_res_out_row,
+                                             HAS_RESIDUAL=HAS_RESIDUAL)
                 squares += x * x
             sum_sq = tl.sum(squares, axis=0)
         else:
@@ -276,7 +281,7 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
                 cols = start + tl.arange(0, BLOCK_N)
                 x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, r64, cols, cols < N,
                                              stride_x_row, stride_res_row, stride_res_out_row,
-                                             HAS_RESIDUAL)
+                                             HAS_RESIDUAL=HAS_RESIDUAL)
                 sum_sq += tl.sum(x * x, axis=0)
         rstd = tl.rsqrt(sum_sq / N + eps)
         if STORE_RSTD:
@@ -290,12 +295,14 @@ def rmsnorm_fwd_loop_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr,
         if ONE_ROW:
             for start in tl.static_range(0, ROW_BLOCKS * BLOCK_N, OUT_BLOCK):
                 cols = start + tl.arange(0, OUT_BLOCK)
-                _normalise_again(src_ptr, w_ptr, y_row_ptr, cols, columns_in_row(cols, N, EVEN),
-                                 rstd, HAS_WEIGHT)
+                _normalise_again(src_ptr, w_ptr, y_row_ptr, cols,
+                                 columns_in_row(cols, N, EVEN=EVEN), rstd,
+                                 HAS_WEIGHT=HAS_WEIGHT)
         else:
             for start in range(0, N, OUT_BLOCK):
                 cols = start + tl.arange(0, OUT_BLOCK)
-                _normalise_again(src_ptr, w_ptr, y_row_ptr, cols, cols < N, rstd, HAS_WEIGHT)
+                _normalise_again(src_ptr, w_ptr, y_row_ptr, cols, cols < N, rstd,
+                                 HAS_WEIGHT=HAS_WEIGHT)
 
 
 @triton.jit(do_not_specialize=["epoch"])
@@ -311,17 +318,17 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
     # a row exchange their sums of squares (sibling_sync.py says why this cannot deadlock),
     # then each reads its columns again (RELOAD) or normalises what it kept in registers.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
-        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE)
+        N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     row = (pid // SPLIT).to(tl.int64)
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
     x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, row, cols, mask, stride_x_row,
-                                 stride_res_row, stride_res_out_row, HAS_RESIDUAL)
+                                 stride_res_row, stride_res_out_row, HAS_RESIDUAL=HAS_RESIDUAL)
     publish(slots_ptr + row * SPLIT + part, tl.sum(x * x, axis=0), epoch)
-    rstd = tl.rsqrt(tl.sum(wait_for_partials(slots_ptr + row * SPLIT, epoch, SPLIT), axis=0) / N
-                    + eps)
+    partials = wait_for_partials(slots_ptr + row * SPLIT, epoch, COUNT=SPLIT)
+    rstd = tl.rsqrt(tl.sum(partials, axis=0) / N + eps)
     if STORE_RSTD:
         if part == 0:
             tl.store(rstd_ptr + row, rstd)
@@ -334,7 +341,7 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
         for start in range(0, BLOCK_N, OUT_BLOCK):
             out_cols = part * BLOCK_N + start + tl.arange(0, OUT_BLOCK)
             _normalise_again(src_ptr, w_ptr, y_ptr + row * stride_y_row, out_cols,
-                             out_cols < N, rstd, HAS_WEIGHT)
+                             out_cols < N, rstd, HAS_WEIGHT=HAS_WEIGHT)
     else:
         y = x * rstd
         if HAS_WEIGHT:
@@ -393,10 +400,10 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             slots, epoch = exchange_slots(M * plan.split, x.device)
             kernel, args = rmsnorm_fwd_split_kernel, (*args, slots, epoch, M, N, *strides, eps)
             flags |= dict(RELOAD=plan.reload, SPLIT=plan.split, BLOCK_N=plan.block_n,
-                          OUT_BLOCK=plan.second_block)
+                          OUT_BLOCK=plan.out_block)
         else:
             kernel, args = rmsnorm_fwd_loop_kernel, (*args, M, N, *strides, eps)
-            flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.second_block,
+            flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block,
                           **plan.row_blocks(N))
         compiled = kernel[grid](*args, **flags)
         # kept where a later call can launch the same way: not a split (its exchange slots
@@ -425,12 +432,12 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
     # and dy are loaded before this step's arithmetic, so a program's loads stay in flight
     # while it reduces.
     N, stride_x_row, stride_dy_row, stride_dx_row, _ = stated_multiples(
-        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE)
+        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if not RELOAD:
-        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+        w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
     if SUM_EACH_STEP:  # add each tile's rows up at once: BLOCK_N sums, not BLOCK_M x BLOCK_N
         dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     else:
@@ -439,7 +446,7 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
     last = tl.minimum(first + rows_per_program, M)
     if PREFETCH:
         x_next, dy_next = load_x_dy(x_ptr, dy_ptr, first, last, cols, col_mask,
-                                     stride_x_row, stride_dy_row, BLOCK_M)
+                                     stride_x_row, stride_dy_row, BLOCK_M=BLOCK_M)
     for start in range(first, last, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         row_mask = rows < last
@@ -448,13 +455,13 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
         x_at = x_ptr + r64 * stride_x_row + cols[None, :]
         dy_at = dy_ptr + r64 * stride_dy_row + cols[None, :]
         if RELOAD:
-            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
             x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_last")
             dy = tl.load(dy_at, mask=mask, other=0.0, eviction_policy="evict_last")
         elif PREFETCH:
             x, dy, x_next, dy_next = take_prefetched(x_ptr, dy_ptr, x_next, dy_next, start,
                                                      last, cols, col_mask, stride_x_row,
-                                                     stride_dy_row, BLOCK_M)
+                                                     stride_dy_row, BLOCK_M=BLOCK_M)
         else:
             x = tl.load(x_at, mask=mask, other=0.0)
             dy = tl.load(dy_at, mask=mask, other=0.0)
@@ -465,7 +472,7 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
         g = dy * w[None, :]
         c = tl.sum(x_hat * g, axis=1) / N
         if RELOAD:
-            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+            w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
             x = tl.load(x_at, mask=mask, other=0.0, eviction_policy="evict_first")
             dy = tl.load(dy_at, mask=mask, other=0.0, eviction_policy="evict_first")
             dy = dy.to(tl.float32)
@@ -494,14 +501,14 @@ def rmsnorm_bwd_pieces_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial
     # as 4096 + 1024 none do. One row a step, the next row's loads issued before this
     # row's arithmetic.
     N, stride_x_row, stride_dy_row, stride_dx_row, _ = stated_multiples(
-        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE)
+        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     head = tl.arange(0, HEAD)
     tail = HEAD + tl.arange(0, TAIL)
     head_mask = head < N  # all true; a mask of the tail's form, for the row test
     tail_mask = tail < N
-    w_head = weights_or_ones(w_ptr, head, head_mask, HAS_WEIGHT)
-    w_tail = weights_or_ones(w_ptr, tail, tail_mask, HAS_WEIGHT)
+    w_head = weights_or_ones(w_ptr, head, head_mask, HAS_WEIGHT=HAS_WEIGHT)
+    w_tail = weights_or_ones(w_ptr, tail, tail_mask, HAS_WEIGHT=HAS_WEIGHT)
     dw_head = tl.zeros([HEAD], dtype=tl.float32)
     dw_tail = tl.zeros([TAIL], dtype=tl.float32)
     first = pid.to(tl.int64) * rows_per_program  # the loop's row is then 64-bit too
@@ -545,7 +552,7 @@ def rmsnorm_bwd_loop_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
     # L2, mostly) for dx. The program's dW partial row lives in its own slice of the
     # workspace (zeroed by the caller), so no other program ever touches it.
     N, stride_x_row, stride_dy_row, stride_dx_row, _ = stated_multiples(
-        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE)
+        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     partial = dw_partial_ptr + pid.to(tl.int64) * N
     first = pid.to(tl.int64) * rows_per_program  # the loop's row is then 64-bit too
@@ -593,14 +600,14 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
     # waits for that row's sums, which have had a whole row's loads to arrive, reads x and
     # dy again (from L1 or L2) and stores dx.
     N, stride_x_row, stride_dy_row, stride_dx_row, _ = stated_multiples(
-        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE)
+        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     groups = tl.num_programs(0) // SPLIT
     group = pid // SPLIT
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     my_rows = tl.cdiv(M - group, groups)
     for i in range(0, my_rows + 1):
@@ -615,7 +622,7 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
             prev = row - groups
             rstd = tl.load(rstd_ptr + prev)
             # sum(x_hat * g) / N, with x_hat = x * rstd
-            c = tl.sum(wait_for_partials(slots_ptr + prev * SPLIT, epoch, SPLIT),
+            c = tl.sum(wait_for_partials(slots_ptr + prev * SPLIT, epoch, COUNT=SPLIT),
                        axis=0) * rstd / N
             x_hat = tl.load(x_ptr + prev * stride_x_row + cols, mask=col_mask, other=0.0,
                             eviction_policy="evict_first").to(tl.float32) * rstd
