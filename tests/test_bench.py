@@ -93,7 +93,8 @@ def test_the_latest_outputs_stay_alive_so_no_repetition_reuses_fresh_memory(monk
 
 
 def test_time_in_turn_refuses_an_unknown_timer():
-    with pytest.raises(ValueError, match="timer must be one of call, graph, got 'wall'"):
+    with pytest.raises(ValueError,
+                       match="timer must be one of call, graph, eager, host, got 'wall'"):
         bench.time_in_turn([lambda: None], reps=1, timer="wall")
     with pytest.raises(ValueError, match="at least one call"):
         bench.time_graph([], reps=1)
