@@ -55,10 +55,20 @@ def find_chapters(source_dir: Path) -> list[str]:
     return chapters
 
 
+# nbgrader imports jsonschema, whose optional IRI format checker (rfc3987_syntax, which
+# Jupyter's "format-nongpl" extra installs) builds about 35 Earley parsers whenever it is
+# imported: 1.5 to 2 s at every start of an nbgrader or verifier process, on a laptop
+# (python-jsonschema issue 1428). No schema of nbformat, nbgrader or Jupyter checks an IRI
+# format, so the grading's processes block that one import, and jsonschema leaves the two
+# IRI formats unchecked, as it does wherever the package is not installed.
+SKIP_IRI_PARSERS = "import sys; sys.modules.setdefault('rfc3987_syntax', None)"
+
+
 def nbgrader_command() -> list[str]:
-    """nbgrader from this Python's environment, whichever directory we run from."""
-    script = Path(sys.executable).parent / "nbgrader"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "nbgrader"]
+    """nbgrader from this Python's environment, whichever directory we run from (the
+    `nbgrader` command's own entry point, with SKIP_IRI_PARSERS first)."""
+    return [sys.executable, "-c", f"{SKIP_IRI_PARSERS}\n"
+            "from nbgrader.apps.nbgraderapp import main\nsys.exit(main())"]
 
 
 def generate(root: Path, release_dir: Path) -> list[str]:
