@@ -9,14 +9,17 @@ mistakes once. This one is small, for it is graded three times, in three copies 
 course: one worker, two workers (GPUs "0" and "1": in interpreter mode the variable they
 set changes nothing else), and three Slurm array tasks run one after the other here (the
 same script sbatch would run, with Slurm's variables set by hand). Same points, cell by
-cell.
+cell. The three copies are made from one course in which the class was released, collected
+and registered once (`instructor.py prepare`): what differs between them is the grading.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from course import runtime
@@ -54,12 +57,30 @@ def run(root: Path, *command: str, env: dict[str, str] | None = None) -> str:
     return done.stdout + done.stderr
 
 
-def graded(where: Path, how: str) -> tuple[Path, str]:
-    """A copy of the course with the class collected, graded `how`; its root and what the
-    grading printed."""
+def prepare_class(where: Path) -> Path:
+    """A copy of the course for `make`, with the class collected, then scanned and
+    registered in the gradebook (`instructor.py prepare`); its root."""
     root = course_for_make(ROOT, where / "course", CHAPTERS)
     write_inbox(root, where / "inbox", CLASS)
     run(root, "make", "-s", "collect", f"FROM={where / 'inbox'}")
+    run(root, str(root / ".venv" / "bin" / "python"), "grader/instructor.py", "prepare")
+    return root
+
+
+def copy_of(prepared: Path, where: Path) -> Path:
+    """A copy of a prepared course (its .venv stays a link to this checkout's)."""
+    return Path(shutil.copytree(prepared, where / "course", symlinks=True))
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    return prepare_class(tmp_path_factory.mktemp("prepared"))
+
+
+def graded(prepared: Path, where: Path, how: str) -> tuple[Path, str]:
+    """A copy of the prepared course, graded `how`; its root and what the grading
+    printed."""
+    root = copy_of(prepared, where)
     limit = f"CELL_TIMEOUT={CELL_TIMEOUT_S}"
     if how == "one":
         printed = run(root, "make", "-s", "autograde", limit)
@@ -85,14 +106,22 @@ def table(root: Path, name: str, columns: tuple[str, ...]) -> list[tuple[str, ..
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    return {how: graded(tmp_path_factory.mktemp(how), how) for how in ("one", "two", "slurm")}
+def runs(prepared, tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """The three gradings, each in a copy of its own. One worker and the Slurm tasks (each
+    one process at a time) run side by side, which fills the minute each spends waiting on
+    the submission that ignores the interrupt; then the two workers."""
+    where = {how: tmp_path_factory.mktemp(how) for how in ("one", "slurm", "two")}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        side_by_side = {how: pool.submit(graded, prepared, where[how], how)
+                        for how in ("one", "slurm")}
+        found = {how: future.result() for how, future in side_by_side.items()}
+    found["two"] = graded(prepared, where["two"], "two")
+    return found
 
 
 @pytest.mark.parametrize("how", ["two", "slurm"])
 def test_parallel_grading_gives_the_grades_of_one_worker(runs, how):
     one, other = runs["one"][0], runs[how][0]
-    # Collected at different moments, the copies differ in their timestamps, nothing else.
     columns = ("assignment", "student_id", "raw_score", "score", "max_score")
     assert table(other, "grades.csv", columns) == table(one, "grades.csv", columns)
     cells = ("assignment", "student_id", "grade_id", "points", "status")
@@ -118,24 +147,22 @@ def test_two_workers_each_pinned_to_its_gpu(runs):
     assert not (root / "grader" / "tasks").exists()  # merged, then removed
 
 
-def test_merge_names_a_submission_that_no_task_finished(tmp_path):
+def test_merge_names_a_submission_that_no_task_finished(prepared, tmp_path):
     """A task that died before it graded a submission leaves no verdict for it: merge says
     so, and exits 1, and the export scores it 0."""
-    root = course_for_make(ROOT, tmp_path / "course", ("ch02_roofline",))
-    write_inbox(root, tmp_path / "inbox", [s for s in CLASS if s.student == "correct"])
-    run(root, "make", "-s", "collect", f"FROM={tmp_path / 'inbox'}")
+    root = copy_of(prepared, tmp_path)
     python = str(root / ".venv" / "bin" / "python")
-    run(root, python, "grader/instructor.py", "prepare")
     done = subprocess.run([python, "grader/instructor.py", "merge"], cwd=root,
                           capture_output=True, text=True)
     assert done.returncode == 1
-    assert "correct/ch02_roofline: NOT VERIFIED (no task graded it" in done.stdout
+    for sub in CLASS:
+        assert f"{sub.key}: NOT VERIFIED (no task graded it" in done.stdout, done.stdout
 
 
-def test_a_gpu_named_twice_is_refused(tmp_path):
-    root = course_for_make(ROOT, tmp_path / "course", ("ch02_roofline",))
-    write_inbox(root, tmp_path / "inbox", [s for s in CLASS if s.student == "correct"])
-    run(root, "make", "-s", "collect", f"FROM={tmp_path / 'inbox'}")
+def test_a_gpu_named_twice_is_refused(prepared, tmp_path):
+    root = copy_of(prepared, tmp_path)
     done = subprocess.run(["make", "-s", "autograde", "GPUS=0,0"], cwd=root,
                           capture_output=True, text=True)
     assert done.returncode != 0 and "names a GPU twice" in done.stderr
+    assert not (root / "grader" / "tasks").exists() and \
+        not (root / "grader" / "autograded").exists()  # refused before anything was graded
