@@ -5,9 +5,9 @@
 A whole call's time (`course bench`) says which implementation is slower; this says in which
 of its kernels. Profiling this way (a one-off script then) found, the night of 2026-11-23,
 that a quarter of our RMSNorm backward at 256 columns was its second kernel, the column
-sums, which no sweep had tuned (docs/benchmarks.md). Inputs rotate and outputs are kept
-alive, as `course bench` times them; the kernel times come from `torch.profiler` over REPS
-calls. Needs a CUDA GPU.
+sums, which no sweep had tuned (docs/sweeps/2026-11-24/README.md, "The night's changes and
+experiments"). Inputs rotate and outputs are kept alive, as `course bench` times them; the
+kernel times come from `torch.profiler` over REPS calls. Needs a CUDA GPU.
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ def main() -> None:
                 # On inputs shared with the plans before, streamed plans (evict-first loads)
                 # measured 1.0 to 1.8 points of copy faster than on their own, plain plans 0.1
                 # to 0.7: likely lines the plan before read with normal priority, still in L2
-                # (docs/benchmarks.md).
+                # (docs/sweeps/2026-11-24-streamed-rows/README.md).
                 sets = [shootout.make_inputs(op, M, N, dtype, seed=1000 * k + s)
                         for s in range(bench.copies_needed(nbytes))]
                 try:

@@ -239,8 +239,9 @@ MEASURED_US = {
 COPY_BW = 2.98e12
 UNVECTORIZED_BW = 2.36e12
 # scripts/gpu_suite.py on the same H100 on 2026-11-23 (torch 2.11, triton 3.6), as recorded in
-# docs/benchmarks.md: copy, broadcast (non-vectorised) bandwidth and the per-kernel cost of a
-# back-to-back chain, all measured in that run, and eager RMSNorm's median time per shape.
+# docs/sweeps/2026-11-23-gpu-suite/README.md ("GPU suite, run of 2026-11-23"): copy, broadcast
+# (non-vectorised) bandwidth and the per-kernel cost of a back-to-back chain, all measured in
+# that run, and eager RMSNorm's median time per shape.
 SUITE_COPY_BW = 2966e9
 SUITE_BROADCAST_BW = 2397e9
 SUITE_LAUNCH_S = 1.00e-6

@@ -342,7 +342,8 @@ def measure_checked(label: str, fn: Callable[..., Any], make_args: Callable[[], 
     log = TimedOutputs()
     # GPU time only (hide_launch): the grading machine's Python speed is not the
     # learner's kernel. Under nbgrader one call's host time was measured at 71 us on an
-    # H100 host, enough to starve a 95 us kernel between per-call events (docs/benchmarks.md).
+    # H100 host, enough to starve a 95 us kernel between per-call events
+    # (docs/sweeps/2026-11-23-gpu-suite/README.md, "Python's launch time is not the kernel's").
     measurement = bench.measure(label, log.wrap(fn), make_args, nbytes, reps=reps,
                                 hide_launch=True)
     log.verify(label, spec)
