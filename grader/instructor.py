@@ -446,14 +446,20 @@ def register_chapters(course: Course) -> bool:
 
 def _zero_grades(course: Course, chapter: str, student: str) -> None:
     """nbgrader keeps whatever grades a submission had when a later run of it fails (none,
-    or an earlier version's): record 0 for each of its test cells instead."""
+    or an earlier version's): record 0 for each of its test cells instead. A submission the
+    gradebook does not hold (its worker died before any of its grades reached it) is put in,
+    so that it is exported as 0, not left out."""
     from nbgrader.api import Gradebook, MissingEntry
+    from sqlalchemy.exc import SAWarning
 
     with Gradebook(course.db_url, course.course_id) as gb:
         try:
             submission = gb.find_submission(chapter, student)
         except MissingEntry:
-            return
+            gb.update_or_create_student(student)
+            with warnings.catch_warnings():  # as in _copy_submission
+                warnings.simplefilter("ignore", SAWarning)
+                submission = gb.update_or_create_submission(chapter, student)
         for notebook in submission.notebooks:
             for grade in notebook.grades:
                 grade.auto_score = 0.0
@@ -770,6 +776,14 @@ def _gpu_answers(gpu: str) -> bool:
         return False
 
 
+def _start_task(course: Course, command: list[str], gpu: str) -> subprocess.Popen:
+    """A worker's `task` process, pinned to GPU `gpu`, in a process group of its own (killed
+    whole at its time limit). tests/test_grader_worker_deaths.py wraps it to make one die."""
+    return subprocess.Popen(command, cwd=course.root, start_new_session=True,
+                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force: bool,
                       cell_timeout_s: int | None,
                       say: Callable[[str], None] = print) -> list[ChapterRun]:
@@ -808,10 +822,7 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
             limit = 2 * len(students) * _verify_timeout(course, chapter, timeout)
             with lock, open(log, "a") as handle:
                 handle.write(f"[gpu {gpu}] $ {' '.join(command)}\n")
-            process = subprocess.Popen(command, cwd=course.root, start_new_session=True,
-                                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu),
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True)
+            process = _start_task(course, command, gpu)
             try:
                 out, _ = process.communicate(timeout=limit)
                 why = None if process.returncode == 0 else (
@@ -824,6 +835,11 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
             with lock, open(log, "a") as handle:
                 handle.write(out + "\n")
                 left = [st for st in students if st not in finished]
+                for st in left if why else []:  # nbgrader would skip what the dead task
+                    # began or finished of these (their folder under autograded/), whose
+                    # grades are in no gradebook that merge reads: graded afresh
+                    shutil.rmtree(course.autograded_notebook(st, chapter).parent,
+                                  ignore_errors=True)
                 if why and len(students) > 1:  # again one at a time: one costs only itself
                     items.extend((chapter, [st]) for st in left)
                 elif why:
