@@ -13,10 +13,12 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import course  # picks the mode before triton is imported
 from course import check
@@ -515,3 +517,36 @@ def test_a_trace_naming_a_reference_kernel_is_not_replayed():
              "refused": None}
     with pytest.raises(NotReplayable, match="a copy of `solutions.kernels.column_sums"):
         Replay(trace, [])
+
+
+def _running(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_verifier_ends_with_the_grading_process_that_started_it():
+    # The verifier runs in a session of its own; a grading worker killed for running past
+    # its limit must not leave it measuring on the GPU (the learner's process likewise ends
+    # with its verifier). A stand-in parent starts a child that asks for it, and is killed.
+    child = ("from course.verify.protocol import die_with_parent; die_with_parent(); "
+             "print('ready', flush=True); import time; time.sleep(120)")
+    parent = (f"import subprocess, sys, time\n"
+              f"c = subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True,"
+              f" stdout=subprocess.PIPE, text=True)\n"
+              f"assert c.stdout.readline().strip() == 'ready'\n"
+              f"print(c.pid, flush=True)\n"
+              f"time.sleep(120)\n")
+    started = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    child_pid = int(started.stdout.readline())
+    assert _running(child_pid)
+    started.kill()
+    started.wait()
+    deadline = time.monotonic() + 10
+    while _running(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child_pid), "the child outlived the process that started it"

@@ -17,6 +17,7 @@ from pathlib import Path
 # 1.5 to 2 s less at every start of the verifier (scripts/release.py, SKIP_IRI_PARSERS).
 sys.modules.setdefault("rfc3987_syntax", None)
 
+from course.verify.protocol import die_with_parent  # noqa: E402
 from course.verify.verifier import verify_all  # noqa: E402
 
 
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no file {path}")
     if args.cell_timeout <= 0:
         parser.error("--cell-timeout must be above 0")
+    die_with_parent()  # it runs in a session of its own: a killed grader must not leave it
     verify_all([(s, v) for s, v in args.submission], args.source,
                cell_timeout_s=args.cell_timeout, say=lambda text: print(text, flush=True))
     return 0

@@ -381,20 +381,10 @@ def serve(read_fd: int, write_fd: int, interrupt_fd: int) -> None:
         protocol.write_message(write_fd, reply)
 
 
-def _die_with_parent() -> None:
-    """Linux: end when the verifier ends, even in the middle of the learner's code."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     read_fd, write_fd, interrupt_fd = int(args[0]), int(args[1]), int(args[2])
-    _die_with_parent()
+    protocol.die_with_parent()  # even in the middle of the learner's code
     serve(read_fd, write_fd, interrupt_fd)
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown: the learner's atexit hooks and threads stay out
