@@ -801,6 +801,10 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
                               plan.todo.items() for k in range(min(len(gpus), len(names))))
     lost: dict[tuple[str, str], str] = {}
     lock = threading.Lock()
+    # A worker with an empty queue waits while another's batch runs: that batch may die
+    # and come back as single submissions, which any worker left should then take.
+    queue_changed = threading.Condition(lock)
+    running = [0]
     timeout = cell_timeout_s or configured_timeout(course)
     start = time.perf_counter()
     log = course.grader_dir / "logs" / "autograde_workers.log"
@@ -810,50 +814,66 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         f"({', '.join(gpus)}) ...")
 
     def work(gpu: str) -> None:
-        folder = course.grader_dir / TASKS / f"gpu-{gpu}"
         while True:
-            with lock:
+            with queue_changed:
+                while not items and running[0]:
+                    queue_changed.wait()
                 if not items:
                     return
                 chapter, students = items.popleft()
-            command = [sys.executable, str(course.grader_dir / "instructor.py"), "task",
-                       "--task-dir", str(folder), "--item", chapter, *students,
-                       "--cell-timeout", str(timeout)] + (["--force"] if force else [])
-            limit = 2 * len(students) * _verify_timeout(course, chapter, timeout)
-            with lock, open(log, "a") as handle:
-                handle.write(f"[gpu {gpu}] $ {' '.join(command)}\n")
-            process = _start_task(course, command, gpu)
+                running[0] += 1
             try:
-                out, _ = process.communicate(timeout=limit)
-                why = None if process.returncode == 0 else (
-                    f"its worker on GPU {gpu} ended with status {process.returncode}")
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                out, _ = process.communicate()
-                why = f"its worker on GPU {gpu} ran past {limit:.0f} s and was killed"
-            finished = {r["student"] for r in read_results(folder) if r["chapter"] == chapter}
-            with lock, open(log, "a") as handle:
-                handle.write(out + "\n")
-                left = [st for st in students if st not in finished]
-                for st in left if why else []:  # nbgrader would skip what the dead task
-                    # began or finished of these (their folder under autograded/), whose
-                    # grades are in no gradebook that merge reads: graded afresh
-                    shutil.rmtree(course.autograded_notebook(st, chapter).parent,
-                                  ignore_errors=True)
-                if why and len(students) > 1:  # again one at a time: one costs only itself
-                    items.extend((chapter, [st]) for st in left)
-                elif why:
-                    lost.update({(chapter, st): why for st in left})
-            if why and not _gpu_answers(gpu):
+                answers = grade_batch(gpu, chapter, students)
+            finally:
+                with queue_changed:
+                    running[0] -= 1
+                    queue_changed.notify_all()
+            if not answers:
                 say(f"  GPU {gpu} no longer answers after {chapter}/{','.join(students)}: "
                     "its worker stops, the others take the rest")
                 return
+
+    def grade_batch(gpu: str, chapter: str, students: list[str]) -> bool:
+        """One batch in a task process on `gpu`; False when the task died and the GPU no
+        longer answers."""
+        folder = course.grader_dir / TASKS / f"gpu-{gpu}"
+        command = [sys.executable, str(course.grader_dir / "instructor.py"), "task",
+                   "--task-dir", str(folder), "--item", chapter, *students,
+                   "--cell-timeout", str(timeout)] + (["--force"] if force else [])
+        limit = 2 * len(students) * _verify_timeout(course, chapter, timeout)
+        with lock, open(log, "a") as handle:
+            handle.write(f"[gpu {gpu}] $ {' '.join(command)}\n")
+        process = _start_task(course, command, gpu)
+        try:
+            out, _ = process.communicate(timeout=limit)
+            why = None if process.returncode == 0 else (
+                f"its worker on GPU {gpu} ended with status {process.returncode}")
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, _ = process.communicate()
+            why = f"its worker on GPU {gpu} ran past {limit:.0f} s and was killed"
+        finished = {r["student"] for r in read_results(folder) if r["chapter"] == chapter}
+        with lock, open(log, "a") as handle:
+            handle.write(out + "\n")
+            left = [st for st in students if st not in finished]
+            for st in left if why else []:  # nbgrader would skip what the dead task
+                # began or finished of these (their folder under autograded/), whose
+                # grades are in no gradebook that merge reads: graded afresh
+                shutil.rmtree(course.autograded_notebook(st, chapter).parent,
+                              ignore_errors=True)
+            if why and len(students) > 1:  # again one at a time: one costs only itself
+                items.extend((chapter, [st]) for st in left)
+            elif why:
+                lost.update({(chapter, st): why for st in left})
+        return not why or _gpu_answers(gpu)
 
     workers = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in gpus]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
+    for chapter, students in items:  # every GPU stopped answering before these were graded
+        lost.update({(chapter, st): "no GPU was left answering to grade it" for st in students})
     merged = merge(course, say)
     seconds = time.perf_counter() - start
     by_chapter: dict[str, list[dict]] = collections.defaultdict(list)
@@ -869,7 +889,9 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         verdicts = {st: current_verdict(course, chapter, st) for st in names}
         runs.append(report_chapter(
             course, plan, chapter, names,
-            Graded(graded, [st for st in names if st not in graded], verdicts, log),
+            # a lost submission gets its own line below, not nbgrader's
+            Graded(graded, [st for st in names if st not in graded and (chapter, st) not in lost],
+                   verdicts, log),
             seconds, say))
         for student in names:
             if (chapter, student) in lost:

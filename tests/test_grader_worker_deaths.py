@@ -184,6 +184,9 @@ def test_a_submission_whose_worker_always_dies_scores_0_and_is_named(graded):
     assert len(lines) == 1 and re.fullmatch(
         rf"  {ALWAYS_DIES}: NOT GRADED: its worker on GPU [01] ended with status -9 \(log: "
         r"grader/logs/autograde_workers\.log\)", lines[0]), graded.printed
+    # its own reason only: nbgrader's "could not run to the end" line is not about it
+    assert not [line for line in graded.printed
+                if line.startswith(f"  {ALWAYS_DIES}: NOT GRADED by nbgrader")], graded.printed
     assert _gradebook(graded)[ALWAYS_DIES] == [
         {cell: 0.0 for cell in graded_cells(ROOT, CHAPTER)}]
     assert graded.instructor.current_verdict(graded.course, CHAPTER, ALWAYS_DIES) is None
