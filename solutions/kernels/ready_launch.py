@@ -5,8 +5,9 @@ Triton bind the arguments, specialise on them and compile. All of that depends o
 layout (`layout`: shape, strides, dtype, device, 16-byte alignment), so the wrappers keep
 the result, a `ReadyLaunch`, in a dict keyed by the layouts of their inputs. A later call
 with the same layouts allocates its outputs and launches through the compiled kernel's own
-launcher, as torch.compile's generated wrappers do: 1 x 4096 RMSNorm on an H100 host went
-from 66 us a call to the figure in docs/benchmarks.md ("Host overhead").
+launcher, as torch.compile's generated wrappers do (1 x 4096 RMSNorm, back to back on an
+H100 host: 114 us a call before, 21 and 37 in two runs after; docs/benchmarks.md, "Host
+overhead per call"). What is left is mostly Triton's own launcher.
 
 GPU only: in Triton's interpreter a launch returns no compiled kernel, and the wrappers take
 their full path every call.
