@@ -102,8 +102,10 @@ def course_for_make(root: Path, into: Path, chapters: tuple[str, ...]) -> Path:
     # there would run `pip install -e .` in the copy, and the checkout's .venv would then
     # import `course` and `solutions` from this temporary folder (seen when pyproject.toml
     # was edited after .venv was built).
-    installed = stamp.stat().st_mtime
-    os.utime(course / "pyproject.toml", (installed, installed))
+    # A second older, in nanoseconds: st_mtime as a float can round up past the stamp's own
+    # time, and make compares the nanoseconds (a fresh clone's suite once reinstalled so).
+    older = stamp.stat().st_mtime_ns - 1_000_000_000
+    os.utime(course / "pyproject.toml", ns=(older, older))
     release(course)
     return course
 
