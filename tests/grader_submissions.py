@@ -9,6 +9,7 @@ several chapters, each with its own mistake (or none): their chapters are graded
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import re
@@ -108,6 +109,16 @@ def course_for_make(root: Path, into: Path, chapters: tuple[str, ...]) -> Path:
     os.utime(course / "pyproject.toml", ns=(older, older))
     release(course)
     return course
+
+
+def load_instructor(course_root: Path, name: str = "instructor_under_test"):
+    """`course_root`'s grader/instructor.py as a module of this process, under `name` (each
+    test file its own, so that copies of the course do not share one module)."""
+    spec = importlib.util.spec_from_file_location(name, course_root / "grader" / "instructor.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
 
 
 def release(course_root: Path) -> None:

@@ -47,6 +47,7 @@ from grader_submissions import (  # noqa: E402  (after the skips above)
     expected_points,
     gpu_only_cells_of,
     graded_cells,
+    load_instructor,
     release,
     write_inbox,
 )
@@ -373,15 +374,6 @@ def small_course(tmp_path) -> Path:
     return copy_course(ROOT, tmp_path / "course", ("ch01_math", "ch02_roofline"))
 
 
-def _load_instructor(course_root: Path):
-    spec = importlib.util.spec_from_file_location("instructor_under_test",
-                                                  course_root / "grader" / "instructor.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
 def _inbox_notebook(inbox: Path, student: str, chapter: str, text: str | None = None) -> Path:
     folder = inbox / student / chapter
     folder.mkdir(parents=True)
@@ -440,7 +432,7 @@ def test_a_bad_cell_timeout_setting_is_refused_with_its_name(small_course):
     done = instructor(small_course, "grades", env_extra={"GRADER_CELL_TIMEOUT_S": "ten"})
     assert done.returncode == 1
     assert "GRADER_CELL_TIMEOUT_S must be a whole number" in done.stderr
-    module = _load_instructor(small_course)
+    module = load_instructor(small_course)
     with pytest.raises(module.GraderError, match="above 0 s"):
         module.autograde(module.Course.at(small_course), cell_timeout_s=0)
 
@@ -449,7 +441,7 @@ def test_without_alembic_on_path_the_grader_says_so_before_nbgrader_starts(small
                                                                            tmp_path,
                                                                            monkeypatch):
     # A Python whose bin/ holds no alembic (as with `pip install --target`), and a bare PATH.
-    module = _load_instructor(small_course)
+    module = load_instructor(small_course)
     monkeypatch.setattr(module.sys, "executable", str(tmp_path / "bin" / "python3"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(module.GraderError, match="needs the `alembic` command"):

@@ -27,7 +27,6 @@ one-worker run (`make autograde`) gives, cell by cell, for the same submissions.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
 import sys
@@ -45,6 +44,7 @@ from grader_submissions import (  # noqa: E402  (after the skip above)
     course_for_make,
     expected_points,
     graded_cells,
+    load_instructor,
     write_inbox,
 )
 
@@ -87,15 +87,6 @@ sys.exit(task.returncode)
 """
 
 
-def _load_instructor(course_root: Path):
-    spec = importlib.util.spec_from_file_location("instructor_worker_deaths",
-                                                  course_root / "grader" / "instructor.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
 @dataclasses.dataclass
 class Graded:
     instructor: object
@@ -109,7 +100,7 @@ def graded(tmp_path_factory) -> Graded:
     where = tmp_path_factory.mktemp("worker_deaths")
     root = course_for_make(ROOT, where / "course", (CHAPTER,))
     write_inbox(root, where / "inbox", list(CLASS.values()))
-    instructor = _load_instructor(root)
+    instructor = load_instructor(root, "instructor_worker_deaths")
     course = instructor.Course.at(root)
     instructor.collect(course, where / "inbox")
     started: list[tuple[str, list[str]]] = []

@@ -5,8 +5,6 @@ back as single submissions; singles that no GPU is left to grade are named, not 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,17 +14,10 @@ import pytest
 
 pytest.importorskip("nbgrader.api", reason="the grader tests need nbgrader")
 
+from grader_submissions import load_instructor  # noqa: E402  (after the skip above)
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = "ch02_roofline"
-
-
-def _instructor():
-    spec = importlib.util.spec_from_file_location("instructor_queue",
-                                                  ROOT / "grader" / "instructor.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
 
 
 class FakeTask:
@@ -49,7 +40,7 @@ def _grade(tmp_path, monkeypatch, dies, answers):
     """Five submissions on GPUs 0 and 1 (batches [a, c, e] and [b, d]); `dies(students)`
     says whether a task of those students dies, `answers(gpu)` whether a GPU still answers
     after one died. Returns (the batches each GPU ran, what autograde printed)."""
-    instructor = _instructor()
+    instructor = load_instructor(ROOT, "instructor_queue")
     finished: dict[str, list[str]] = {}
     ran: dict[str, list[list[str]]] = {"0": [], "1": []}
     lock = threading.Lock()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import importlib.util
 import os
 import re
 import shutil
@@ -34,6 +33,7 @@ from grader_submissions import (
     answered,
     copy_course,
     gpu_only_cells_of,
+    load_instructor,
     release,
     solutions,
 )
@@ -54,15 +54,6 @@ def instructor(course_root: Path, *args: str) -> subprocess.CompletedProcess[str
     return subprocess.run([sys.executable, str(course_root / "grader" / "instructor.py"),
                            *args], cwd=course_root, capture_output=True, text=True,
                           timeout=900)
-
-
-def load_instructor(course_root: Path):
-    spec = importlib.util.spec_from_file_location("instructor_integrity_under_test",
-                                                  course_root / "grader" / "instructor.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------- the scan: no false alarms
@@ -487,7 +478,7 @@ def test_files_in_submitted_stop_autograde_and_collecting_again_removes_them(sma
     target = small_course / "grader" / "submitted" / "alice" / "ch01_math"
     (target / "course").mkdir()
     (target / "course" / "__init__.py").write_text("")
-    module = load_instructor(small_course)
+    module = load_instructor(small_course, "instructor_integrity_under_test")
     with pytest.raises(module.GraderError) as refused:
         module.autograde(module.Course.at(small_course))
     message = str(refused.value)
