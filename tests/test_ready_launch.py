@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from solutions.kernels.layernorm import layernorm
-from solutions.kernels.ready_launch import launch_key, layout
+from solutions.kernels.ready_launch import hooked, launch_key, layout
 from solutions.kernels.rmsnorm import add_rmsnorm, rmsnorm
 
 # the modules themselves (the package's names rmsnorm, layernorm... are its functions)
@@ -44,11 +44,24 @@ def test_the_interpreter_keeps_no_launch():
 
 def test_a_layout_says_what_triton_specialises_on():
     x = torch.zeros(4, 64)
-    assert layout(x) == (torch.Size([4, 64]), (64, 1), torch.float32, x.device, True)
+    assert layout(x) == (torch.Size([4, 64]), (64, 1), torch.float32, -1, True)  # -1: CPU
     assert layout(x[:, 1:])[-1] is False  # 4 bytes past a 16-byte boundary
     assert layout(x[:2]) != layout(x) and layout(x.t()) != layout(x)
     assert layout(None) is None
     assert layout([1.0])[0] == "not a tensor"
+
+
+def test_a_launch_hook_counts_as_set_only_when_something_is_hooked():
+    # Triton 3.4 and before: None or a callable; later: a chain of callables, never None
+    # (asking for launch metadata on every call because a chain is not None cost time)
+    import triton.knobs
+
+    assert not hooked(None) and hooked(print)
+    if hasattr(triton.knobs, "HookChain"):
+        chain = triton.knobs.HookChain()
+        assert not hooked(chain)
+        chain.add(print)
+        assert hooked(chain)
 
 
 gpu = pytest.mark.gpu

@@ -7,7 +7,8 @@ the result, a `ReadyLaunch`, in a dict keyed by the layouts of their inputs. A l
 with the same layouts allocates its outputs and launches through the compiled kernel's own
 launcher, as torch.compile's generated wrappers do (1 x 4096 RMSNorm, back to back on an
 H100 host: 114 us a call before, 21 and 37 in two runs after; docs/benchmarks.md, "Host
-overhead per call"). What is left is mostly Triton's own launcher.
+overhead per call"). What is left is mostly the launch itself: torch's static CUDA launcher,
+tried in its place, measured within 1 us of it.
 
 GPU only: in Triton's interpreter a launch returns no compiled kernel, and the wrappers take
 their full path every call.
@@ -33,8 +34,8 @@ def layout(t) -> tuple | None:
     integer arguments made from its shape and strides, and on its pointer's 16-byte
     alignment. None, a bool and a dtype stand for themselves (flags); anything else gets a
     key no launch is kept under, so the full path runs and names the problem."""
-    if isinstance(t, torch.Tensor):
-        return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
+    if isinstance(t, torch.Tensor):  # the device as its index (-1 off CUDA): cheaper to make
+        return t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0
     return t if t is None or isinstance(t, (bool, torch.dtype)) else ("not a tensor", id(t))
 
 
@@ -44,8 +45,15 @@ def launch_key(x, *others) -> tuple | None:
     off the GPU, where nothing is kept."""
     if not (isinstance(x, torch.Tensor) and x.is_cuda) or knobs is None:
         return None
-    return (torch.cuda.current_device(), x.shape, x.stride(), x.dtype, x.device,
+    return (torch._C._cuda_getDevice(), x.shape, x.stride(), x.dtype, x.get_device(),
             x.data_ptr() % 16 == 0, *map(layout, others))
+
+
+def hooked(hook) -> bool:
+    """Whether a launch hook of Triton's is set (a profiler's): a callable or None up to
+    Triton 3.4, a chain of callables after (never None there)."""
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else hook is not None
 
 
 class ReadyLaunch:
@@ -79,7 +87,7 @@ class ReadyLaunch:
         hooks = knobs.runtime
         enter = hooks.launch_enter_hook
         # what a profiler hooked on launches is told (Triton makes it only for a hook)
-        about = None if enter is None else self.compiled.launch_metadata(self.grid, stream, *args)
+        about = self.compiled.launch_metadata(self.grid, stream, *args) if hooked(enter) else None
         self.launch(*self.grid, stream, self.function, self.metadata, about, enter,
                     hooks.launch_exit_hook, *args)
 
