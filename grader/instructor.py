@@ -26,15 +26,19 @@ from __future__ import annotations
 
 import argparse
 import collections
+import compileall
 import csv
 import datetime
 import hashlib
 import importlib.util
 import json
+import marshal
 import os
+import py_compile
 import re
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -483,7 +487,13 @@ def prepare(course: Course, chapters: Sequence[str] | None = None,
             say: Callable[[str], None] = print) -> Plan:
     """Everything before grading: the submissions to grade, checked (no file beside a
     notebook), scanned (the integrity flags, written to grader/grades_integrity.csv), and the
-    chapters registered in the gradebook."""
+    chapters registered in the gradebook. First the grading's own Python is byte-compiled
+    (`compile_code`), so that the code stamps taken from here on hold its compiled files."""
+    rewritten = compile_code(course)
+    if rewritten:
+        say(f"{len(rewritten)} compiled file(s) did not hold their source's code and were "
+            "compiled again (one a submission forged, in an earlier run?): "
+            + ", ".join(map(str, rewritten[:5])) + (" ..." if len(rewritten) > 5 else ""))
     todo = course_todo(course, chapters, students)
     # nbgrader would copy these beside the notebook, whose kernel imports from its own folder
     # first: a course/ folder there replaces the checkers. `collect` never copies them.
@@ -676,6 +686,9 @@ def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *
     start-up, the copy bandwidth and the compiled kernels, paid once). After each chapter,
     the task's results say what it did, so a task that dies keeps what it finished."""
     task = task_course(course, task_dir)
+    # `prepare` compiled the code (in this run's `autograde`, or before the Slurm array):
+    # only what is missing or older than its source is compiled here, as an import would.
+    compile_code(course, repair=False)
     stamp = code_stamp(course)
     results = read_results(task_dir)
     by_chapter: dict[str, list[str]] = {}
@@ -800,6 +813,12 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
     items = collections.deque((chapter, names[k::len(gpus)]) for chapter, names in
                               plan.todo.items() for k in range(min(len(gpus), len(names))))
     lost: dict[tuple[str, str], str] = {}
+    # Each task process checks a stamp of its own, taken as it starts: one taken after an
+    # earlier batch changed the code would not see it (and a task that stops on it dies
+    # like any other, its batch coming back in the queue). This process checks its own,
+    # taken before any task ran, after each batch: on a change, no batch starts any more.
+    stamp = code_stamp(course)
+    tampered: list[str] = []
     lock = threading.Lock()
     # A worker with an empty queue waits while another's batch runs: that batch may die
     # and come back as single submissions, which any worker left should then take.
@@ -816,9 +835,9 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
     def work(gpu: str) -> None:
         while True:
             with queue_changed:
-                while not items and running[0]:
+                while not items and running[0] and not tampered:
                     queue_changed.wait()
-                if not items:
+                if not items or tampered:
                     return
                 chapter, students = items.popleft()
                 running[0] += 1
@@ -853,6 +872,15 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
             out, _ = process.communicate()
             why = f"its worker on GPU {gpu} ran past {limit:.0f} s and was killed"
         finished = {r["student"] for r in read_results(folder) if r["chapter"] == chapter}
+        try:
+            check_code_stamp(course, stamp, f"the batch {chapter}/{','.join(students)} "
+                             f"on GPU {gpu}")
+        except GraderError as exc:
+            with lock, open(log, "a") as handle:
+                handle.write(out + "\n")
+                tampered.append(str(exc))
+                items.clear()
+            return True
         with lock, open(log, "a") as handle:
             handle.write(out + "\n")
             left = [st for st in students if st not in finished]
@@ -872,6 +900,9 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         worker.start()
     for worker in workers:
         worker.join()
+    if tampered:  # nothing is merged: the tasks' grades are not to be trusted
+        raise GraderError(tampered[0])
+    check_code_stamp(course, stamp, "the grading on GPUs")
     for chapter, students in items:  # every GPU stopped answering before these were graded
         lost.update({(chapter, st): "no GPU was left answering to grade it" for st in students})
     merged = merge(course, say)
@@ -964,33 +995,164 @@ def current_verdict(course: Course, chapter: str, student: str) -> dict | None:
         return None
 
 
-def code_stamp(course: Course) -> dict[str, str]:
-    """A hash of every file of the grading's own code: the installed `course` package (the
-    checkers, the verifier), solutions/ (the test cells, the reference kernels) and grader/'s
-    Python. The learner's code runs as the user who grades: a submission that rewrote one
-    of these would change how later submissions are graded."""
+def _course_package() -> list[Path]:
+    """The installed `course` package's folders (the checkers, the verifier)."""
     spec = importlib.util.find_spec("course")
-    folders = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    folders.append(course.root / "solutions")
-    files = sorted({f for folder in folders for f in folder.rglob("*")
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+
+
+def _site_dirs() -> list[Path]:
+    """The grading interpreter's site-packages folders, the user's included."""
+    return list(dict.fromkeys(Path(d) for d in [*site.getsitepackages(),
+                                                site.getusersitepackages()]))
+
+
+# A .pth line that starts with `import` is run by every Python process as it starts.
+PTH_IMPORT = re.compile(r"\bimport\s+([\w.]+(?:\s*,\s*[\w.]+)*)|__import__\(\s*['\"]([\w.]+)")
+
+
+def _module_files(folder: Path, name: str) -> list[Path]:
+    """The files of top-level module `name` in `folder`: name.py (.pyc, .so, ...) or a
+    package name/."""
+    if not folder.is_dir():
+        return []
+    found = [f for f in folder.glob(f"{name}.*") if f.is_file()]
+    if (folder / name).is_dir():
+        found += [f for f in (folder / name).rglob("*")
+                  if f.is_file() and "__pycache__" not in f.parts]
+    return found
+
+
+def _startup_files() -> list[Path]:
+    """What Python runs as any later process starts, before a line of the course's: every
+    site-packages folder's *.pth files and the modules their `import` lines load from
+    there (setuptools' editable finder of `course` is one), and any sitecustomize or
+    usercustomize on sys.path or in a site-packages folder (the user's is put on sys.path
+    only once it exists)."""
+    found: list[Path] = []
+    for folder in _site_dirs():
+        pths = sorted(folder.glob("*.pth")) if folder.is_dir() else []
+        found += pths
+        for pth in pths:
+            try:
+                lines = pth.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            names = {name.strip().split(".")[0]
+                     for line in lines if line.startswith(("import ", "import\t"))
+                     for listed, called in PTH_IMPORT.findall(line)
+                     for name in (listed.split(",") if listed else [called])}
+            found += [f for name in sorted(names) for f in _module_files(folder, name)]
+    for entry in dict.fromkeys([*map(str, _site_dirs()), *sys.path]):
+        for name in ("sitecustomize", "usercustomize"):
+            found += _module_files(Path(os.path.abspath(entry or os.curdir)), name)
+    return list(dict.fromkeys(found))
+
+
+def _stamped_files(course: Course) -> list[Path]:
+    """The grading's own files that code_stamp hashes, less their compiled files."""
+    folders = [*_course_package(), course.root / "solutions"]
+    files = sorted({f for folder in folders if folder.is_dir() for f in folder.rglob("*")
                     if f.is_file() and "__pycache__" not in f.parts
                     and ".ipynb_checkpoints" not in f.parts})
     files += sorted(course.grader_dir.glob("*.py"))
-    return {str(f): _sha256(f) for f in files}
+    return files + [f for f in _startup_files() if f not in files]
+
+
+def _compiled_files(sources: Sequence[Path]) -> list[Path]:
+    """The compiled files of the Python `sources` there are, where an import of them reads
+    them (importlib's cache_from_source, sys.pycache_prefix included), at every level of
+    optimisation."""
+    return [cfile for source in sources if source.suffix == ".py"
+            for level in ("", 1, 2)
+            if (cfile := Path(importlib.util.cache_from_source(str(source),
+                                                               optimization=level))).is_file()]
+
+
+def compile_code(course: Course, *, repair: bool = True) -> list[Path]:
+    """Byte-compile the grading's own Python (the files code_stamp hashes) where an import
+    would write it, before the first stamp of a run: a process that imports them later reads
+    these and writes none, and a compiled file written while grading then means tampering.
+    Only what is missing or older than its source is compiled (compileall, Python's default
+    invalidation mode). With `repair`, each compiled file is then checked to hold its
+    source's code, and compiled again if not: a submission of an earlier run may have forged
+    one, with the source's time and size in its header, which every import would run.
+    Returns those compiled again. About 0.2 s for the course."""
+    rewritten = []
+    for source in _stamped_files(course):
+        if source.suffix != ".py":
+            continue
+        compileall.compile_file(source, quiet=2)
+        if not repair:
+            continue
+        cfile = Path(importlib.util.cache_from_source(str(source)))
+        try:
+            code = compile(source.read_bytes(), str(source), "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            continue  # not importable: no import reads a compiled file of it either
+        try:
+            data = cfile.read_bytes()
+            if data[16:] == marshal.dumps(code) or marshal.loads(data[16:]) == code:
+                continue
+        except (OSError, ValueError, EOFError, TypeError):
+            if not cfile.exists():
+                continue  # not writable there: an import cannot write it either
+        py_compile.compile(str(source), doraise=False, quiet=2)
+        rewritten.append(cfile)
+    return rewritten
+
+
+def _hashes(files: Sequence[Path]) -> dict[str, str]:
+    found = {}
+    for f in dict.fromkeys(files):
+        try:
+            found[str(f)] = _sha256(f)
+        except OSError:  # gone since it was listed: as if not there
+            pass
+    return found
+
+
+def code_stamp(course: Course) -> dict[str, str]:
+    """A hash of every file of the grading's own code: the installed `course` package (the
+    checkers, the verifier), solutions/ (the test cells, the reference kernels) and grader/'s
+    Python, the compiled files of their Python (which an import runs in place of the
+    source when their header matches the source's time and size: a forged one would run in
+    every later process), and what Python runs as any process starts (`_startup_files`:
+    the .pth files of site-packages, sitecustomize, usercustomize). The learner's code runs
+    as the user who grades: a submission that rewrote one of these would change how later
+    submissions are graded. `compile_code` runs first, so that no import writes a compiled
+    file while grading."""
+    files = _stamped_files(course)
+    return _hashes(files + _compiled_files(files))
+
+
+def _stamp_kind(name: str) -> str:
+    path = Path(name)
+    if "__pycache__" in path.parts or path.suffix == ".pyc":
+        return "compiled"
+    if path.suffix == ".pth" or path.name.startswith(("sitecustomize", "usercustomize")) \
+            or any(path.is_relative_to(d) for d in _site_dirs()):
+        return "run as Python starts"
+    return ""
 
 
 def check_code_stamp(course: Course, before: dict[str, str], after_what: str) -> None:
     now = code_stamp(course)
     changed = sorted(f for f in set(before) | set(now) if before.get(f) != now.get(f))
     if changed:
+        notes = {f: [n for n in ("new" if f not in before else "removed" if f not in now
+                                 else "", _stamp_kind(f)) if n] for f in changed}
+        shown = [f"{f} ({', '.join(notes[f])})" if notes[f] else f for f in changed]
         raise GraderError(
             f"the grading's own code changed while {after_what} ran: "
-            + ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5
-                                        else "")
+            + ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5
+                                      else "")
             + ". A submission may have written them (its code runs as the user who grades). "
-            "Restore the checkout (git checkout, reinstall), then grade in a container or as "
-            "a user who cannot write the code (grader/README.md); the grades written so far "
-            "are not to be trusted.")
+            "Restore the checkout (git checkout, reinstall), delete any .pth, sitecustomize "
+            "or usercustomize file named that you did not install (compiled files are "
+            "checked against their source and compiled again at the next autograde), then "
+            "grade in a container or as a user who cannot write the code (grader/README.md); "
+            "the grades written so far are not to be trusted.")
 
 
 def _verify_timeout(course: Course, chapter: str, cell_timeout_s: int) -> float:
