@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import compileall
+import contextlib
 import csv
 import datetime
 import hashlib
@@ -540,15 +541,11 @@ class Graded:
     log: Path
 
 
-def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
-                  cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str]
-                  ) -> Graded:
-    """nbgrader autograde of `names` in `chapter` (one call, or one per student), then the
-    verifier on every submission nbgrader tried; the verified points are not yet in the
-    gradebook (`apply_verdicts`)."""
-    env = dict(GRADING_ENV)
-    if cell_timeout_s is not None:
-        env["GRADER_CELL_TIMEOUT_S"] = str(cell_timeout_s)
+def _nbgrader_autograde(course: Course, chapter: str, names: Sequence[str], *, force: bool,
+                        per_student: bool, env: dict[str, str]
+                        ) -> tuple[list[str], list[str], Path]:
+    """nbgrader autograde of `names` in `chapter` (one call, or one per student):
+    (graded, failed, log); a submission it could not run to the end scores 0 from it."""
     logs = course.logs
     log = logs / f"autograde_{chapter}.log"
     args = ["autograde", chapter] + (["--force"] if force else [])
@@ -575,13 +572,33 @@ def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: 
                           f"{log}:\n{_tail(log)}")
     for student in failed:
         _zero_grades(course, chapter, student)
-    # nbgrader's scores are replaced by verified ones, for every submission it tried: the
-    # verifier also grades the exercises before a cell that stopped nbgrader.
-    check_code_stamp(course, stamp, f"nbgrader autograde {chapter}")
+    return graded, failed, log
+
+
+def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
+                  cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str]
+                  ) -> Graded:
+    """nbgrader autograde of `names` in `chapter` (one call, or one per student), then the
+    verifier on every submission nbgrader tried; the verified points are not yet in the
+    gradebook (`apply_verdicts`)."""
+    env = dict(GRADING_ENV)
+    if cell_timeout_s is not None:
+        env["GRADER_CELL_TIMEOUT_S"] = str(cell_timeout_s)
+    # nbgrader's scores are replaced by verified ones, for every submission it tries: the
+    # verifier also grades the exercises before a cell that stops nbgrader. It starts now,
+    # its start (torch, the first learner's process) overlapping nbgrader's run.
     verdicts = {student: current_verdict(course, chapter, student) for student in names}
     stale = [student for student in names if force or verdicts[student] is None]
-    verdicts.update(verify(course, chapter, stale,
-                           cell_timeout_s or configured_timeout(course)))
+    verification = Verification(course, chapter, stale,
+                                cell_timeout_s or configured_timeout(course))
+    try:
+        graded, failed, log = _nbgrader_autograde(course, chapter, names, force=force,
+                                                  per_student=per_student, env=env)
+        check_code_stamp(course, stamp, f"nbgrader autograde {chapter}")
+    except BaseException:
+        verification.abort()
+        raise
+    verdicts.update(verification.finish())
     check_code_stamp(course, stamp, f"the verification of {chapter}")
     for student in stale:
         annotate(course, chapter, student, verdicts[student])
@@ -1162,35 +1179,65 @@ def _verify_timeout(course: Course, chapter: str, cell_timeout_s: int) -> float:
     return (cells + 2) * (cell_timeout_s + 15) + 600
 
 
-def verify(course: Course, chapter: str, students: Sequence[str], cell_timeout_s: int
-           ) -> dict[str, dict | None]:
-    """Run the verifier on collected submissions of one chapter (one process for all, each
-    submission's code in a process of its own); student -> verdict, None where it produced
-    none (the verifier was killed or failed: that submission then scores 0)."""
-    if not students:
-        return {}
-    log = course.logs / f"verify_{chapter}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "course.verify", str(_source(course, chapter)),
-               "--cell-timeout", str(cell_timeout_s)]
-    for student in students:
-        verdict_path(course, chapter, student).unlink(missing_ok=True)
-        command += ["--submission", str(course.submitted / student / chapter / f"{chapter}.ipynb"),
-                    str(verdict_path(course, chapter, student))]
-    with open(log, "a") as handle:
-        handle.write(f"$ {' '.join(command)}\n")
-        handle.flush()
-        process = subprocess.Popen(command, cwd=course.grader_dir,
-                                   env=dict(os.environ, **GRADING_ENV), stdout=handle,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+class Verification:
+    """The verifier on collected submissions of one chapter (one process for all, each
+    submission's code in a process of its own), started ahead: it imports and starts the
+    first learner's process while nbgrader runs the chapter, then waits for `finish()`
+    before it runs any submission (nothing of it runs on the GPU meanwhile)."""
+
+    def __init__(self, course: Course, chapter: str, students: Sequence[str],
+                 cell_timeout_s: int):
+        self.course, self.chapter, self.students = course, chapter, list(students)
+        self.limit = len(students) * _verify_timeout(course, chapter, cell_timeout_s)
+        self.process = None
+        if not students:
+            return
+        log = course.logs / f"verify_{chapter}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "course.verify", str(_source(course, chapter)),
+                   "--cell-timeout", str(cell_timeout_s), "--after-go"]
+        for student in students:
+            verdict_path(course, chapter, student).unlink(missing_ok=True)
+            command += ["--submission",
+                        str(course.submitted / student / chapter / f"{chapter}.ipynb"),
+                        str(verdict_path(course, chapter, student))]
+        self.log = open(log, "a")  # noqa: SIM115 (closed by finish or abort)
+        self.log.write(f"$ {' '.join(command)}\n")
+        self.log.flush()
+        self.process = subprocess.Popen(command, cwd=course.grader_dir,
+                                        env=dict(os.environ, **GRADING_ENV),
+                                        stdin=subprocess.PIPE, stdout=self.log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+
+    def finish(self) -> dict[str, dict | None]:
+        """Let it verify, and wait: student -> verdict, None where it produced none (the
+        verifier was killed or failed: that submission then scores 0)."""
+        if self.process is None:
+            return {}
+        with contextlib.suppress(OSError):  # it may have died: then its verdicts are absent
+            self.process.stdin.write(b"go\n")
+            self.process.stdin.close()
         try:
-            process.wait(timeout=len(students) * _verify_timeout(course, chapter,
-                                                                 cell_timeout_s))
+            self.process.wait(timeout=self.limit)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            handle.write("\n[killed: the verification ran past its time limit]\n")
-    return {student: current_verdict(course, chapter, student) for student in students}
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.log.write("\n[killed: the verification ran past its time limit]\n")
+        self.log.close()
+        return {student: current_verdict(self.course, self.chapter, student)
+                for student in self.students}
+
+    def abort(self) -> None:
+        """The grading of the chapter stopped before the verification could begin."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        self.log.write("\n[stopped before it began: the chapter's grading stopped]\n")
+        self.log.close()
 
 
 def annotate(course: Course, chapter: str, student: str, verdict: dict | None) -> None:

@@ -295,6 +295,28 @@ def test_a_correct_submission_gets_every_point(tmp_path, source_path):
 
 
 @pytest.mark.slow
+def test_a_verifier_started_ahead_waits_for_go_and_verifies_none_without_it(tmp_path,
+                                                                            source_path):
+    # The grader starts it while nbgrader runs the chapter (grader/instructor.py): it may
+    # run nothing of the submission before "go", and nothing at all if the grader gives up.
+    submitted, ran = tmp_path / "submitted.ipynb", tmp_path / "ran"
+    nbformat.write(_chapter(ADD, f"import pathlib\npathlib.Path({str(ran)!r}).touch()\n" + MUL),
+                   submitted)
+    command = [sys.executable, "-m", "course.verify", str(source_path), "--after-go",
+               "--submission", str(submitted), str(tmp_path / "verdict.json")]
+    waiting = subprocess.Popen(command, stdin=subprocess.PIPE, cwd=tmp_path)
+    time.sleep(3)  # long enough to have run the cell, had it not waited
+    assert waiting.poll() is None and not ran.exists()
+    waiting.stdin.close()  # the grader gave up: no verdict, no submission code run
+    assert waiting.wait(timeout=120) == 0
+    assert not (tmp_path / "verdict.json").exists() and not ran.exists()
+    done = subprocess.run(command, input=b"go\n", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0
+    verdict = Verdict.from_json((tmp_path / "verdict.json").read_text())
+    assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 3} and ran.exists()
+
+
+@pytest.mark.slow
 def test_a_wrong_answer_loses_its_own_cell_with_the_reason(tmp_path, source_path):
     verdict = _verify(tmp_path, source_path, mul_code="def mul(a, b):\n    return a + b\n")
     assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 0}

@@ -1,10 +1,15 @@
 """python -m course.verify SOURCE --submission SUBMITTED VERDICT [--submission ...]
-                           [--cell-timeout SECONDS]
+                           [--cell-timeout SECONDS] [--after-go]
 
 Verifies each submitted notebook against its chapter's source notebook (course.verify's
 text says how), one after the other, and writes each verdict as JSON as soon as it is
 ready, atomically: a verdict file is either whole or absent. Prints the points of each
 test cell. Exit status 0 when every verdict was written, 2 when the arguments are wrong.
+
+With --after-go it starts (its imports, the first learner's process), then waits for the
+line "go" on its standard input before it runs any submission, and verifies none if the
+input ends first: the grader starts it while nbgrader runs the same chapter, so that the
+start costs no time of its own (nothing is measured on the GPU while it waits).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                         metavar=("SUBMITTED", "VERDICT"),
                         help="a submitted notebook and the file its verdict goes to")
     parser.add_argument("--cell-timeout", type=int, default=300, metavar="SECONDS")
+    parser.add_argument("--after-go", action="store_true",
+                        help='wait for the line "go" on standard input before verifying')
     args = parser.parse_args(argv)
     for path in [args.source] + [s for s, _ in args.submission]:
         if not path.is_file():
@@ -37,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cell-timeout must be above 0")
     die_with_parent()  # it runs in a session of its own: a killed grader must not leave it
     verify_all([(s, v) for s, v in args.submission], args.source,
-               cell_timeout_s=args.cell_timeout, say=lambda text: print(text, flush=True))
+               cell_timeout_s=args.cell_timeout, say=lambda text: print(text, flush=True),
+               ready=(lambda: sys.stdin.readline().strip() == "go") if args.after_go else None)
     return 0
 
 

@@ -43,6 +43,7 @@ import secrets
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -418,14 +419,24 @@ def verify(submitted: str | Path, source: str | Path, *, cell_timeout_s: int = 3
 
 
 def verify_all(submissions: list[tuple[Path, Path]], source: str | Path, *,
-               cell_timeout_s: int = 300, say=print) -> None:
+               cell_timeout_s: int = 300, say=print,
+               ready: Callable[[], bool] | None = None) -> None:
     """Verify each (submitted notebook, verdict file) against one chapter's source, one
     after the other, each in a learner's process of its own (the next one started while
     the current one is graded). Each verdict file is written whole, as soon as it is ready:
-    if this process dies, the verdicts already written stand and the others are absent."""
+    if this process dies, the verdicts already written stand and the others are absent.
+    `ready`: called once the first learner's process is on its way, before any submission
+    runs; False means verify none (the grader started this ahead of time, then gave up)."""
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
         workdirs = [Path(scratch) / f"{i}" for i in range(len(submissions))]
         spare = None
+        if ready is not None and submissions:
+            workdirs[0].mkdir()
+            spare = learner_process(workdirs[0], _grading_env())
+            spare.launch()
+            if not ready():
+                spare.close()
+                return
         for i, ((submitted, out), workdir) in enumerate(zip(submissions, workdirs,
                                                             strict=True)):
             workdir.mkdir(exist_ok=True)

@@ -1,0 +1,104 @@
+"""grade_chapter starts the verifier before nbgrader runs the chapter (its start, torch and
+the first learner's process, then overlaps nbgrader's run), and the verifier runs nothing
+of a submission until nbgrader is done and the code stamp checked: a grading that stops
+there leaves no verifier behind and no verdict. A tiny chapter in tmp_path; nbgrader is
+stood in for (what it does is tested end to end in tests/test_grader.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nbgrader.api", reason="the grader tests need nbgrader")
+
+import nbformat  # noqa: E402
+from grader_submissions import load_instructor  # noqa: E402  (after the skip above)
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTER = "ch99_small"
+
+pytestmark = pytest.mark.slow  # it starts the verifier and a learner's process
+
+
+def _cell(source: str, grade_id: str, **nbgrader):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade_id": grade_id, "schema_version": 3, "locked": False,
+                                 "solution": False, "grade": False, **nbgrader}
+    return cell
+
+
+def _notebook(answer: str):
+    return nbformat.v4.new_notebook(cells=[
+        _cell("import torch", "imports"),
+        _cell(answer, "ex01_add_code", solution=True),
+        _cell("assert add(2, 3) == 5", "ex01_add", grade=True, points=2, locked=True),
+    ])
+
+
+@pytest.fixture
+def setup(tmp_path):
+    instructor = load_instructor(ROOT, "instructor_verification_ahead")
+    root = tmp_path / "course"
+    (root / "grader").mkdir(parents=True)
+    (root / "solutions" / CHAPTER).mkdir(parents=True)
+    nbformat.write(_notebook("def add(a, b):\n    return a + b\n"),
+                   root / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
+    ran = tmp_path / "the submission ran"
+    submitted = root / "submitted" / "alice" / CHAPTER / f"{CHAPTER}.ipynb"
+    submitted.parent.mkdir(parents=True)
+    nbformat.write(_notebook(f"import pathlib\npathlib.Path({str(ran)!r}).touch()\n"
+                             "def add(a, b):\n    return a + b\n"), submitted)
+    course = instructor.Course(root, root / "submitted", root / "autograded",
+                               root / "feedback", f"sqlite:///{root / 'gradebook.db'}", "test")
+    started = []
+
+    class Recorded(instructor.Verification):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    instructor.Verification = Recorded
+    return instructor, course, submitted, ran, started
+
+
+def _grade(instructor, course):
+    return instructor.grade_chapter(course, CHAPTER, ["alice"], force=False, cell_timeout_s=60,
+                                    per_student=False, stamp=instructor.code_stamp(course))
+
+
+def test_the_verifier_is_started_before_nbgrader_and_waits_for_it(setup):
+    instructor, course, submitted, ran, started = setup
+    seen = {}
+
+    def nbgrader(course, chapter, names, **_):
+        # nbgrader running: the verifier is up, and has run nothing of the submission
+        seen["verifier running"] = len(started) == 1 and started[0].process.poll() is None
+        seen["submission ran"] = ran.exists()
+        out = course.autograded_notebook("alice", chapter)
+        out.parent.mkdir(parents=True)
+        shutil.copy(submitted, out)
+        return list(names), [], course.logs / "autograde.log"
+
+    instructor._nbgrader_autograde = nbgrader
+    graded = _grade(instructor, course)
+    assert seen == {"verifier running": True, "submission ran": False}
+    cells = graded.verdicts["alice"]["cells"]
+    assert [(c["grade_id"], c["points"]) for c in cells] == [("ex01_add", 2)] and ran.exists()
+    assert started[0].process.returncode == 0
+
+
+def test_a_grading_stopped_during_nbgrader_leaves_no_verifier_and_no_verdict(setup):
+    instructor, course, submitted, ran, started = setup
+
+    def nbgrader(course, chapter, names, **_):
+        raise instructor.GraderError("nbgrader stopped")
+
+    instructor._nbgrader_autograde = nbgrader
+    with pytest.raises(instructor.GraderError, match="nbgrader stopped"):
+        _grade(instructor, course)
+    assert len(started) == 1 and started[0].process.poll() is not None  # killed, reaped
+    assert not ran.exists()
+    assert instructor.current_verdict(course, CHAPTER, "alice") is None
+    assert "stopped before it began" in (course.logs / f"verify_{CHAPTER}.log").read_text()
