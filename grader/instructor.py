@@ -491,6 +491,8 @@ def prepare(course: Course, chapters: Sequence[str] | None = None,
     chapters registered in the gradebook. First the grading's own Python is byte-compiled
     (`compile_code`), so that the code stamps taken from here on hold its compiled files."""
     rewritten = compile_code(course)
+    if (note := bytecode_note()) is not None:
+        say(note)
     if rewritten:
         say(f"{len(rewritten)} compiled file(s) did not hold their source's code and were "
             "compiled again (one a submission forged, in an earlier run?): "
@@ -1084,6 +1086,49 @@ def _compiled_files(sources: Sequence[Path]) -> list[Path]:
             for level in ("", 1, 2)
             if (cfile := Path(importlib.util.cache_from_source(str(source),
                                                                optimization=level))).is_file()]
+
+
+# The packages every grading process imports (nbgrader's kernel, the verifier, the
+# learner's process): without their compiled files each process compiles their source again.
+IMPORTED_BY_GRADING = ("torch", "triton", "nbformat", "numpy")
+
+
+def uncompiled_modules(packages: Sequence[str] = IMPORTED_BY_GRADING) -> tuple[int, int, list[str]]:
+    """(modules without a compiled file where an import looks for one, modules, the
+    packages' folders): the Python files of `packages` whose .pyc (at Python's own place for
+    it, `importlib.util.cache_from_source`) is missing or older than the source."""
+    missing = total = 0
+    folders = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for folder in spec.submodule_search_locations:
+            folders.append(folder)
+            for source in Path(folder).rglob("*.py"):
+                total += 1
+                try:
+                    compiled = os.stat(importlib.util.cache_from_source(str(source)))
+                    if compiled.st_mtime < source.stat().st_mtime:
+                        missing += 1
+                except (OSError, ValueError):
+                    missing += 1
+    return missing, total, folders
+
+
+def bytecode_note(packages: Sequence[str] = IMPORTED_BY_GRADING) -> str | None:
+    """What to tell the instructor when the packages every grading process imports are mostly
+    not compiled (a Docker image built with PYTHONDONTWRITEBYTECODE or pip --no-compile): each
+    process then compiles them again. On the H100 image measured, 6.5 to 7.9 s of every
+    process's start went to that, and a full submission starts about 24 such processes
+    (docs/grading-time.md)."""
+    missing, total, folders = uncompiled_modules(packages)
+    if total == 0 or missing < total // 4:
+        return None
+    return (f"{missing} of the {total} Python modules of {', '.join(packages)} have no "
+            "compiled file: every grading process (three a chapter) compiles them again, "
+            "several seconds each. Compile them once, as the user who owns them:\n  "
+            f"{sys.executable} -m compileall -q -j 0 " + " ".join(folders))
 
 
 def compile_code(course: Course, *, repair: bool = True) -> list[Path]:
