@@ -894,14 +894,15 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         try:
             check_code_stamp(course, stamp, f"the batch {chapter}/{','.join(students)} "
                              f"on GPU {gpu}")
+            changed = None
         except GraderError as exc:
-            with lock, open(log, "a") as handle:
-                handle.write(out + "\n")
-                tampered.append(str(exc))
-                items.clear()
-            return True
+            changed = str(exc)
         with lock, open(log, "a") as handle:
             handle.write(out + "\n")
+            if changed is not None:  # no batch starts any more
+                tampered.append(changed)
+                items.clear()
+                return True
             left = [st for st in students if st not in finished]
             for st in left if why else []:  # nbgrader would skip what the dead task
                 # began or finished of these (their folder under autograded/), whose
@@ -1233,10 +1234,10 @@ class Verification:
     def __init__(self, course: Course, chapter: str, students: Sequence[str],
                  cell_timeout_s: int):
         self.course, self.chapter, self.students = course, chapter, list(students)
-        self.limit = len(students) * _verify_timeout(course, chapter, cell_timeout_s)
         self.process = None
         if not students:
             return
+        self.limit = len(students) * _verify_timeout(course, chapter, cell_timeout_s)
         log = course.logs / f"verify_{chapter}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "course.verify", str(_source(course, chapter)),

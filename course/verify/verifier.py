@@ -427,13 +427,17 @@ def verify_all(submissions: list[tuple[Path, Path]], source: str | Path, *,
     if this process dies, the verdicts already written stand and the others are absent.
     `ready`: called once the first learner's process is on its way, before any submission
     runs; False means verify none (the grader started this ahead of time, then gave up)."""
+    def launched(workdir: Path) -> LearnerProcess:
+        workdir.mkdir()
+        process = learner_process(workdir, _grading_env())
+        process.launch()
+        return process
+
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
         workdirs = [Path(scratch) / f"{i}" for i in range(len(submissions))]
         spare = None
         if ready is not None and submissions:
-            workdirs[0].mkdir()
-            spare = learner_process(workdirs[0], _grading_env())
-            spare.launch()
+            spare = launched(workdirs[0])
             if not ready():
                 spare.close()
                 return
@@ -442,9 +446,7 @@ def verify_all(submissions: list[tuple[Path, Path]], source: str | Path, *,
             workdir.mkdir(exist_ok=True)
             current, spare = spare, None
             if i + 1 < len(submissions):
-                workdirs[i + 1].mkdir()
-                spare = learner_process(workdirs[i + 1], _grading_env())
-                spare.launch()
+                spare = launched(workdirs[i + 1])
             verdict = verify(submitted, source, cell_timeout_s=cell_timeout_s,
                              workdir=workdir, first=current)
             out = Path(out)
