@@ -491,7 +491,7 @@ def prepare(course: Course, chapters: Sequence[str] | None = None,
     chapters registered in the gradebook. First the grading's own Python is byte-compiled
     (`compile_code`), so that the code stamps taken from here on hold its compiled files."""
     rewritten = compile_code(course)
-    if (note := bytecode_note()) is not None:
+    if (note := compile_packages()) is not None:
         say(note)
     if rewritten:
         say(f"{len(rewritten)} compiled file(s) did not hold their source's code and were "
@@ -1089,19 +1089,23 @@ def _compiled_files(sources: Sequence[Path]) -> list[Path]:
                                                                optimization=level))).is_file()]
 
 
-# The packages every grading process imports (nbgrader's kernel, the verifier, the
-# learner's process): without their compiled files each process compiles their source again.
-IMPORTED_BY_GRADING = ("torch", "triton", "nbformat", "numpy")
+# What the grading's processes import (nbgrader and its kernel, the verifier, the learner's
+# process): without compiled files, each process compiles their source again as it starts.
+GRADING_IMPORTS = ("torch", "torch._dynamo", "triton", "numpy", "nbformat", "nbclient",
+                   "nbgrader.apps", "ipykernel.kernelapp", "matplotlib.pyplot", "course.verify")
 
 
-def uncompiled_modules(packages: Sequence[str] = IMPORTED_BY_GRADING) -> tuple[int, int, list[str]]:
+def uncompiled_modules(packages: Sequence[str]) -> tuple[int, int, list[str]]:
     """(modules without a compiled file where an import looks for one, modules, the
     packages' folders): the Python files of `packages` whose .pyc (at Python's own place for
     it, `importlib.util.cache_from_source`) is missing or older than the source."""
     missing = total = 0
     folders = []
     for name in packages:
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
         if spec is None or not spec.submodule_search_locations:
             continue
         for folder in spec.submodule_search_locations:
@@ -1117,19 +1121,65 @@ def uncompiled_modules(packages: Sequence[str] = IMPORTED_BY_GRADING) -> tuple[i
     return missing, total, folders
 
 
-def bytecode_note(packages: Sequence[str] = IMPORTED_BY_GRADING) -> str | None:
-    """What to tell the instructor when the packages every grading process imports are mostly
-    not compiled (a Docker image built with PYTHONDONTWRITEBYTECODE or pip --no-compile): each
-    process then compiles them again. On the H100 image measured, 6.5 to 7.9 s of every
-    process's start went to that, and a full submission starts about 24 such processes
-    (docs/grading-time.md)."""
-    missing, total, folders = uncompiled_modules(packages)
+# Run in a fresh process: the folder of each top-level package (or the file of a lone
+# module) that `imports` load, whose compiled file is missing or older than its source.
+_IMPORTED_UNCOMPILED = """
+import importlib, importlib.util, json, os, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+found = set()
+for module in list(sys.modules.values()):
+    source = getattr(module, "__file__", None) or ""
+    if not source.endswith(".py"):
+        continue
+    try:
+        if os.stat(importlib.util.cache_from_source(source)).st_mtime >= os.stat(source).st_mtime:
+            continue
+    except (OSError, ValueError):
+        pass
+    top = sys.modules.get(module.__name__.split(".")[0])
+    where = getattr(top, "__path__", None)
+    found.add(list(where)[0] if where else getattr(top, "__file__", None) or source)
+print(json.dumps(sorted(found)))
+"""
+
+
+def compile_packages(imports: Sequence[str] = GRADING_IMPORTS) -> str | None:
+    """Byte-compile, once, the packages the grading's processes import, where they have no
+    compiled files (a Docker image built with PYTHONDONTWRITEBYTECODE or pip --no-compile):
+    otherwise every process compiles them again as it starts. On the H100 image measured,
+    `import torch, torch._dynamo` took 8.9 to 9.5 s uncompiled and 3.0 to 3.6 s compiled,
+    and a full submission starts about 24 such processes (docs/grading-time.md). Compiled in
+    place, as pip does: a submission that can write these compiled files can write their
+    sources too. What to tell the instructor, or None when there was nothing to do."""
+    packages = sorted({name.split(".")[0] for name in imports})
+    missing, total, _ = uncompiled_modules(packages)
     if total == 0 or missing < total // 4:
         return None
-    return (f"{missing} of the {total} Python modules of {', '.join(packages)} have no "
-            "compiled file: every grading process (three a chapter) compiles them again, "
-            "several seconds each. Compile them once, as the user who owns them:\n  "
-            f"{sys.executable} -m compileall -q -j 0 " + " ".join(folders))
+    started = time.perf_counter()
+    listed = subprocess.run([sys.executable, "-c", _IMPORTED_UNCOMPILED, *imports],
+                            capture_output=True, text=True, check=False)
+    try:
+        folders = json.loads(listed.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        folders = []
+    if folders:
+        subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", *folders],
+                       check=False)
+    left, total, package_folders = uncompiled_modules(packages)
+    if left < total // 4:
+        return (f"{missing} of the {total} Python modules of {', '.join(packages)} had no "
+                f"compiled file, which every grading process would compile again as it "
+                f"starts: compiled once, with what they import, in "
+                f"{time.perf_counter() - started:.0f} s ({len(folders)} folders).")
+    return (f"{left} of the {total} Python modules of {', '.join(packages)} have no "
+            "compiled file, and this user cannot write one: every grading process (three a "
+            "chapter) compiles them again, several seconds each. Compile them once, as the "
+            "user who owns them:\n  "
+            f"{sys.executable} -m compileall -q -j 0 " + " ".join(folders or package_folders))
 
 
 def compile_code(course: Course, *, repair: bool = True) -> list[Path]:
