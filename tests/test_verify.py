@@ -18,6 +18,7 @@ import sys
 import textwrap
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import course  # picks the mode before triton is imported
@@ -43,6 +44,22 @@ def test_a_message_round_trips_tensors_dtypes_and_plain_values():
     assert back["a"][:4] == [1, 2.5, "x", None] and back["dtype"] is torch.bfloat16
     assert torch.equal(back["a"][4][0], torch.arange(6).view(2, 3))
     assert back["nested"]["k"].dtype == torch.float16
+
+
+def test_a_message_is_written_without_checksums_and_leaves_the_setting_as_it_was():
+    crc32 = getattr(torch.serialization, "get_crc32_options", None)
+    if crc32 is None:
+        pytest.skip("torch before 2.6 always writes the checksums")
+    payload = torch.arange(1 << 16, dtype=torch.int32)
+    default = io.BytesIO()
+    torch.save({"x": payload}, default)
+    message = protocol.encode({"x": payload})
+    assert crc32() is True  # torch.save elsewhere in the process still writes them
+
+    def checksums(archive: bytes) -> list[int]:
+        return [record.CRC for record in zipfile.ZipFile(io.BytesIO(archive)).infolist()]
+    assert all(checksums(default.getvalue())) and not any(checksums(message[8:]))
+    assert torch.equal(protocol.decode(message[8:])["x"], payload)
 
 
 class _Payload:

@@ -16,6 +16,7 @@ caught the way it would be in one process.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import select
@@ -28,6 +29,24 @@ import torch
 _LENGTH = struct.Struct("<Q")
 
 
+@contextlib.contextmanager
+def _without_checksums():
+    """torch.save without the CRC-32 of each record (torch 2.6 and later): the message goes
+    straight into a pipe, never to a disk, and torch.load does not check it. On the H100
+    host measured, a 512 MB tensor saved in 0.41 to 0.48 s without it, 0.68 to 0.73 s with
+    (docs/grading-time.md)."""
+    crc32 = getattr(torch.serialization, "get_crc32_options", None)
+    if crc32 is None:
+        yield
+        return
+    before = crc32()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
+
+
 class ChannelClosed(EOFError):
     """The other end closed its pipe (its process ended)."""
 
@@ -38,7 +57,8 @@ class ChannelTimeout(TimeoutError):
 
 def encode(message: dict) -> bytes:
     buffer = io.BytesIO()
-    torch.save(message, buffer)
+    with _without_checksums():
+        torch.save(message, buffer)
     payload = buffer.getvalue()
     return _LENGTH.pack(len(payload)) + payload
 
