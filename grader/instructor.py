@@ -1112,38 +1112,37 @@ def uncompiled_modules(packages: Sequence[str]) -> tuple[int, int, list[str]]:
             folders.append(folder)
             for source in Path(folder).rglob("*.py"):
                 total += 1
-                try:
-                    compiled = os.stat(importlib.util.cache_from_source(str(source)))
-                    if compiled.st_mtime < source.stat().st_mtime:
-                        missing += 1
-                except (OSError, ValueError):
-                    missing += 1
+                missing += _uncompiled(str(source))
     return missing, total, folders
 
 
-# Run in a fresh process: the folder of each top-level package (or the file of a lone
-# module) that `imports` load, whose compiled file is missing or older than its source.
-_IMPORTED_UNCOMPILED = """
-import importlib, importlib.util, json, os, sys
+def _uncompiled(source: str) -> bool:
+    """Whether an import of `source` would compile it: its .pyc (at Python's own place for
+    it) is missing or older than the source."""
+    try:
+        return os.stat(importlib.util.cache_from_source(source)).st_mtime < \
+            os.stat(source).st_mtime
+    except (OSError, ValueError):
+        return True
+
+
+# Run in a fresh process: each Python source that `imports` load, with the folder of its
+# top-level package (or the file of a lone module).
+_IMPORTED_SOURCES = """
+import importlib, json, sys
 for name in sys.argv[1:]:
     try:
         importlib.import_module(name)
     except Exception:
         pass
-found = set()
+found = []
 for module in list(sys.modules.values()):
     source = getattr(module, "__file__", None) or ""
-    if not source.endswith(".py"):
-        continue
-    try:
-        if os.stat(importlib.util.cache_from_source(source)).st_mtime >= os.stat(source).st_mtime:
-            continue
-    except (OSError, ValueError):
-        pass
-    top = sys.modules.get(module.__name__.split(".")[0])
-    where = getattr(top, "__path__", None)
-    found.add(list(where)[0] if where else getattr(top, "__file__", None) or source)
-print(json.dumps(sorted(found)))
+    if source.endswith(".py"):
+        top = sys.modules.get(module.__name__.split(".")[0])
+        where = getattr(top, "__path__", None)
+        found.append((source, list(where)[0] if where else getattr(top, "__file__", source)))
+print(json.dumps(found))
 """
 
 
@@ -1160,12 +1159,13 @@ def compile_packages(imports: Sequence[str] = GRADING_IMPORTS) -> str | None:
     if total == 0 or missing < total // 4:
         return None
     started = time.perf_counter()
-    listed = subprocess.run([sys.executable, "-c", _IMPORTED_UNCOMPILED, *imports],
+    listed = subprocess.run([sys.executable, "-c", _IMPORTED_SOURCES, *imports],
                             capture_output=True, text=True, check=False)
     try:
-        folders = json.loads(listed.stdout.strip().splitlines()[-1])
+        imported = json.loads(listed.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        folders = []
+        imported = []
+    folders = sorted({where for source, where in imported if _uncompiled(source)})
     if folders:
         subprocess.run([sys.executable, "-m", "compileall", "-qq", "-j", "0", *folders],
                        check=False)
