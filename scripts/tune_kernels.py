@@ -170,6 +170,19 @@ def runner(op: str, t: dict, plan):
     return lambda: layernorm_backward(x, w, mean, rstd, t["dy"], plan=plan)
 
 
+def compile_plans(op: str, N: int, dtype: torch.dtype, plans: list, part: str) -> None:
+    """Run this process's share of the plans once, on 64 rows of N columns: as many rows as
+    a multiple of 16, so that Triton specializes the kernels as it will for the sweep's."""
+    k, j = (int(v) for v in part.split("/"))
+    t = shootout.make_inputs(op, 64, N, dtype)
+    for plan in plans[k::j]:
+        try:
+            runner(op, t, plan)()
+        except Exception as exc:
+            print(f"  {plan}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", default="rmsnorm_fwd,rmsnorm_bwd")
@@ -181,6 +194,10 @@ def main() -> None:
     parser.add_argument("--timer", default="call", choices=bench.TIMERS,
                         help="how each plan is timed (bench.time_in_turn)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
+    parser.add_argument("--compile-part", default="",
+                        help="K/J: only compile every J-th plan from the K-th, on 64 rows, and "
+                             "time nothing; J such processes side by side fill Triton's cache "
+                             "for the sweep that follows, whose compiles are most of its time")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     copy = hardware.copy_bandwidth()
@@ -188,6 +205,8 @@ def main() -> None:
     sms, registers = gpu.sms, gpu.registers_per_sm
     print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs", flush=True)
     results = []
+    if not args.compile_part:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     shapes = shootout.SHAPES if args.shapes == "all" else shootout.parse_shapes(args.shapes)
     for op in args.ops.split(","):
         for M, N in shapes:
@@ -205,8 +224,11 @@ def main() -> None:
                      else backward_candidates(M, N, sms, registers))
             timed = []
             paths = args.paths.split(",")
-            for k, plan in enumerate([default] + [c for c in cands
-                                                  if c != default and c.path in paths]):
+            plans = [default] + [c for c in cands if c != default and c.path in paths]
+            if args.compile_part:
+                compile_plans(op, N, dtype, plans, args.compile_part)
+                continue
+            for k, plan in enumerate(plans):
                 # Each plan on inputs of its own, as `course bench` gives each implementation.
                 # On inputs shared with the plans before, streamed plans (evict-first loads)
                 # measured 1.0 to 1.8 points of copy faster than on their own, plain plans 0.1
@@ -230,8 +252,8 @@ def main() -> None:
                 f"{100 * f:.1f}% {p}" for f, p in timed[:3]), flush=True)
             del sets
             torch.cuda.empty_cache()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "tune.json").write_text(json.dumps(results, indent=1))
+            # After every shape, so that a sweep stopped by a time limit keeps what it measured.
+            (Path(args.out) / "tune.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ with the first differences. After a deliberate change of rule:
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import sys
@@ -247,7 +248,7 @@ def test_the_derived_rules_plan_every_shape_within_the_gpus_means(gpu):
 
 
 def test_the_measured_tables_plan_within_the_h100s_means():
-    for gpu in (launch.H100, launch.INTERPRETER):
+    for gpu in (launch.H100, launch.KNOWN_GPUS["H200"], launch.INTERPRETER):
         problems = [f"{op} {M} x {N} {dtype}: {p}: {plan}"
                     for op, M, N, dtype, plan in _plans_for(gpu)
                     for p in plan_problems(op, M, N, plan, gpu)]
@@ -258,26 +259,47 @@ def test_each_gpu_reads_its_own_table_and_others_none():
     h100 = launch.measured_rules("NVIDIA H100 80GB HBM3")
     assert h100 and h100 == launch.measured_rules(launch.H100.name)
     assert set(h100) == set(launch.FORWARD_RULES) | set(launch.BACKWARD_RULES)
-    # The H200's table is the H100's but for RMSNorm's rows of 8192 and 32768 (measured
-    # there, docs/launch-rules.md#h200): the row in registers instead of the loop path.
+    # The H200's table is the H100's but for the rules a sweep there replaced or added
+    # (docs/launch-rules.md#h200), each saying so; LayerNorm's backward is the H100's.
     h200 = launch.measured_rules("NVIDIA H200")
-    assert {op: rules for op, rules in h200.items() if op != "rmsnorm"} == {
-        op: rules for op, rules in h100.items() if op != "rmsnorm"}
-    changed = [(a.block_n, a.plan, b.plan) for a, b in zip(h100["rmsnorm"], h200["rmsnorm"],
-                                                           strict=True) if a != b]
-    assert [(n, new["path"]) for n, _, new in changed] == [(8192, "rows"), (32768, "rows")]
-    assert all(old["path"] == "loop" for _, old, _ in changed)
+    assert set(h200) == set(h100)
+    assert h200["layernorm_backward"] == h100["layernorm_backward"]
+    swept = {op: [rule for rule in h200[op] if rule not in h100[op]] for op in h200}
+    assert {op: len(rules) for op, rules in swept.items()} == {
+        "rmsnorm": 11, "add_rmsnorm": 6, "layernorm": 5, "rmsnorm_backward": 3,
+        "layernorm_backward": 0}
+    assert all(rule.why.startswith("swept on an H200") and rule.dtype in ("16-bit", "float32")
+               for rules in swept.values() for rule in rules)
+    assert [rule for rule in h200["rmsnorm_backward"] if rule not in swept[
+        "rmsnorm_backward"]] == list(h100["rmsnorm_backward"])
+    h200_gpu = launch.KNOWN_GPUS["H200"]
+    plan = functools.partial(launch.forward_plan, device=None, gpu=h200_gpu)
+    assert plan(4096, 32768) == launch.ForwardPlan(path="loop", block_n=8192, num_warps=32,
+                                                   variant="one_row")
+    assert plan(32768, 512, layernorm=True) == launch.ForwardPlan(
+        path="rows", block_n=512, num_warps=2, block_m=2)
+    assert plan(1024, 131072, residual=True) == launch.ForwardPlan(
+        path="split", block_n=8192, num_warps=16, split=16, out_block=8192, reload=False)
+    assert plan(1024, 100000, residual=True).split == 32  # measured on full blocks only
+    assert plan(4096, 32768, element_size=4) == launch.forward_plan(
+        4096, 32768, None, element_size=4, gpu=launch.H100)  # float32 keeps the H100's
     for name in ("NVIDIA A100-SXM4-80GB", "NVIDIA L4", "Tesla T4", "NVIDIA B200"):
         assert launch.measured_rules(name) == {}, name
     assert launch.gpu_properties(torch.device("cpu")) == launch.INTERPRETER
 
 
 def test_every_measured_rule_is_the_first_to_match_somewhere():
-    # A rule that an earlier one always shadows is dead data: none may be.
-    rules = launch.measured_rules(launch.H100.name)
+    # A rule that an earlier one always shadows is dead data: none may be, in any table.
+    # The H100's table is asked for the interpreter's plans too (a table is read by name).
+    for table, gpus in ((launch.H100.name, (launch.INTERPRETER, launch.H100)),
+                        ("H200", (launch.KNOWN_GPUS["H200"],))):
+        _assert_every_rule_is_first_somewhere(launch.measured_rules(table), gpus)
+
+
+def _assert_every_rule_is_first_somewhere(rules: dict, gpus) -> None:
+    assert rules
     used = set()
-    for device in (torch.device("cpu"), torch.device("cuda")):
-        gpu = _gpu(device)
+    for gpu in gpus:
         for dtype in DTYPES.values():
             for M in ROWS:
                 for N in LENGTHS:

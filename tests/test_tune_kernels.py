@@ -64,3 +64,15 @@ def test_every_loop_plan_of_a_program_per_row_is_offered_with_and_without_its_lo
     assert in_blocks, f"no one_row candidate in blocks shorter than {n} columns"
     assert all(p.path == "loop" and not p.programs
                and p.row_blocks(n)["ROW_BLOCKS"] <= MAX_ROW_BLOCKS for p in in_blocks)
+
+
+def test_the_compile_parts_run_every_plan_once_between_them(monkeypatch):
+    import torch
+
+    ran = []
+    monkeypatch.setattr(tune_kernels, "runner", lambda op, t, plan: lambda: ran.append(plan))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    plans = tune_kernels.forward_candidates(1024, SMS)
+    for k in range(4):
+        tune_kernels.compile_plans("rmsnorm_fwd", 1024, torch.float32, plans, f"{k}/4")
+    assert sorted(map(repr, ran)) == sorted(map(repr, plans))
