@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,7 @@ from pathlib import Path
 import course  # picks the mode before triton is imported
 from course import check
 from course.check import sandbox
-from course.verify import protocol, tamper
+from course.verify import protocol, proxy, tamper
 from course.verify.proxy import CellTimedOut, Learner, LearnerLost, LearnerProcess
 from course.verify.verifier import Verdict, course_imports, free_names, verify
 
@@ -82,6 +83,119 @@ def test_a_view_travels_with_its_whole_storage_and_layout():
     rebuilt = protocol.view_on(protocol.storage_bytes(view).clone(), field)
     assert torch.equal(rebuilt, view) and rebuilt.stride() == (10, 1)
     assert rebuilt.storage_offset() == 5
+
+
+def _pipe_holds(fd: int) -> int:
+    """Bytes waiting to be read on a pipe."""
+    import fcntl
+    import termios
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+
+
+@pytest.fixture
+def pipe():
+    read_fd, write_fd = os.pipe()
+    yield read_fd, write_fd
+    os.close(read_fd)
+    os.close(write_fd)
+
+
+def _shared_dir(tmp_path: Path) -> str:
+    path = tmp_path / "shared"
+    path.mkdir()
+    return str(path)
+
+
+def test_a_large_message_travels_in_a_file_and_the_file_is_removed(tmp_path, pipe):
+    read_fd, write_fd = pipe
+    shared = _shared_dir(tmp_path)
+    message = {"x": torch.randn(1 << 20), "note": "four megabytes"}
+    os.set_blocking(write_fd, False)  # 4 MB would not fit the pipe: it must not go there
+    protocol.write_message(write_fd, message, shared)
+    assert len(os.listdir(shared)) == 1 and _pipe_holds(read_fd) < 512
+    back = protocol.read_message(read_fd, time.monotonic() + 10, shared)
+    assert torch.equal(back["x"], message["x"]) and back["note"] == "four megabytes"
+    assert os.listdir(shared) == [] and _pipe_holds(read_fd) == 0
+
+
+def test_a_small_message_goes_through_the_pipe(tmp_path, pipe):
+    read_fd, write_fd = pipe
+    shared = _shared_dir(tmp_path)
+    protocol.write_message(write_fd, {"x": torch.arange(10)}, shared)
+    assert os.listdir(shared) == [] and _pipe_holds(read_fd) > 100
+    assert torch.equal(protocol.read_message(read_fd, None, shared)["x"], torch.arange(10))
+
+
+def _frame_naming(name: bytes, nbytes: int) -> bytes:
+    header = protocol._FILE_SIZE.pack(nbytes) + name
+    return protocol._LENGTH.pack(protocol._IN_FILE | len(header)) + header
+
+
+@pytest.mark.parametrize("name", [b"../outside", b"..", b"", b"sub/../../outside",
+                                  b"/outside", b"link"])
+def test_a_frame_naming_a_file_outside_the_shared_directory_is_refused(tmp_path, pipe, name):
+    read_fd, write_fd = pipe
+    shared = _shared_dir(tmp_path)
+    outside = tmp_path / "outside"
+    outside.write_bytes(protocol.encode({"x": 1})[8:])
+    os.symlink(outside, Path(shared) / "link")
+    if name == b"/outside":
+        name = str(outside).encode()
+    os.write(write_fd, _frame_naming(name, outside.stat().st_size))
+    with pytest.raises(protocol.MessageRefused, match="plain file"):
+        protocol.read_message(read_fd, time.monotonic() + 10, shared)
+    assert outside.exists()
+
+
+def test_a_frame_naming_a_file_is_refused_where_no_directory_was_agreed(pipe):
+    read_fd, write_fd = pipe
+    os.write(write_fd, _frame_naming(b"message-x", 100))
+    with pytest.raises(protocol.MessageRefused, match="no shared directory"):
+        protocol.read_message(read_fd, time.monotonic() + 10, None)
+
+
+@pytest.mark.parametrize("where", ["none", "missing", "full"])
+def test_a_large_message_goes_through_the_pipe_where_the_directory_cannot_take_it(
+        tmp_path, pipe, monkeypatch, where):
+    read_fd, write_fd = pipe
+    shared = {"none": None, "missing": str(tmp_path / "missing"),
+              "full": _shared_dir(tmp_path)}[where]
+    if where == "full":
+        real = os.statvfs
+
+        def full(path):
+            found = real(path)
+            return os.statvfs_result((found.f_bsize, found.f_frsize, found.f_blocks, 0, 0,
+                                      *found[5:]))
+        monkeypatch.setattr(os, "statvfs", full)
+    message = {"x": torch.randn(1 << 20)}
+    writer = threading.Thread(target=protocol.write_message, args=(write_fd, message, shared))
+    writer.start()
+    back = protocol.read_message(read_fd, time.monotonic() + 30, shared)
+    writer.join()
+    assert torch.equal(back["x"], message["x"])
+    if where == "full":
+        assert os.listdir(shared) == []
+
+
+def test_shared_directories_of_verifiers_that_are_gone_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(proxy, "SHARED_ROOT", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    orphaned = tmp_path / f"{proxy.SHARED_PREFIX}{ended.pid}-abc"
+    alive = tmp_path / f"{proxy.SHARED_PREFIX}{os.getppid()}-abc"
+    other = tmp_path / "someone-elses"
+    for path in (orphaned, alive, other):
+        path.mkdir()
+        (path / "message-1").write_bytes(b"x")
+    made = proxy.make_shared_dir()
+    try:
+        assert made is not None and Path(made).parent == tmp_path
+        assert Path(made).name.startswith(f"{proxy.SHARED_PREFIX}{os.getpid()}-")
+        assert not orphaned.exists() and alive.exists() and other.exists()
+    finally:
+        proxy.remove_shared_dir(made)
+    assert not Path(made).exists()
 
 
 # ---------------------------------------------------------------- the tamper check
@@ -245,6 +359,31 @@ def test_a_process_that_exits_is_reported_lost(tmp_path):
         learner.run_cell("import os\nos._exit(3)", "exit")
     with pytest.raises(LearnerLost):
         learner.describe("x")
+
+
+def test_large_arguments_and_outputs_travel_in_files_that_are_removed(learner, monkeypatch):
+    shared = learner.process.shared_dir
+    if shared is None:
+        pytest.skip("no shared memory here: every message goes through the pipes")
+    read_files = []
+    read_file = protocol._read_file
+    monkeypatch.setattr(protocol, "_read_file",
+                        lambda *args: read_files.append(args) or read_file(*args))
+    x = torch.randn(1 << 20)
+    assert torch.equal(learner.function("scale")(x), x * 2)
+    assert len(read_files) == 1 and os.listdir(shared) == []  # the reply came in a file
+
+
+def test_a_learners_shared_directory_goes_with_its_process(tmp_path):
+    process = LearnerProcess(cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "log")
+    process.start()
+    shared = process.shared_dir
+    if shared is None:
+        process.close()
+        pytest.skip("no shared memory here: every message goes through the pipes")
+    assert os.path.isdir(shared) and Path(shared).parent == Path(proxy.SHARED_ROOT)
+    process.close()
+    assert process.shared_dir is None and not os.path.exists(shared)
 
 
 # ---------------------------------------------------------------- verify, end to end

@@ -1,9 +1,10 @@
 """The learner's process: it runs a submission's cells and calls its functions for the
 verifier (`course.verify.verifier`), which never runs the learner's code itself.
 
-    python -m course.verify.learner READ_FD WRITE_FD
+    python -m course.verify.learner READ_FD WRITE_FD INTERRUPT_FD [SHARED_DIR]
 
-The verifier starts it with the autograder's environment (COURSE_GRADING=1). It imports
+The verifier starts it with the autograder's environment (COURSE_GRADING=1), and a
+directory in shared memory for large messages (`course.verify.protocol`). It imports
 the course, keeps a snapshot of what the checks rely on (`course.verify.tamper`), and then
 answers one request at a time:
 
@@ -354,15 +355,15 @@ class _Interrupts:
             raise KeyboardInterrupt
 
 
-def serve(read_fd: int, write_fd: int, interrupt_fd: int) -> None:
+def serve(read_fd: int, write_fd: int, interrupt_fd: int, shared_dir: str | None) -> None:
     server = Server()
     interrupts = _Interrupts(interrupt_fd)
     protocol.write_message(write_fd, {"ready": True, "mode": runtime.MODE,
-                                      "snapshot": len(server.snapshot)})
+                                      "snapshot": len(server.snapshot)}, shared_dir)
     number = 0
     while True:
         try:
-            message = protocol.read_message(read_fd)
+            message = protocol.read_message(read_fd, shared_dir=shared_dir)
         except protocol.ChannelClosed:
             return
         number += 1
@@ -378,14 +379,15 @@ def serve(read_fd: int, write_fd: int, interrupt_fd: int) -> None:
                                "frame": "", "fatal": False, "bases": []}, "tampering": []}
         finally:
             interrupts.running = 0
-        protocol.write_message(write_fd, reply)
+        protocol.write_message(write_fd, reply, shared_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     read_fd, write_fd, interrupt_fd = int(args[0]), int(args[1]), int(args[2])
+    shared_dir = args[3] if len(args) > 3 else None
     protocol.die_with_parent()  # even in the middle of the learner's code
-    serve(read_fd, write_fd, interrupt_fd)
+    serve(read_fd, write_fd, interrupt_fd, shared_dir)
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown: the learner's atexit hooks and threads stay out
 

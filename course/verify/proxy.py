@@ -14,13 +14,16 @@ function itself, except that nothing the function does can reach the checker.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import contextlib
 import os
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Iterator
@@ -36,6 +39,55 @@ import torch
 # GPU kernel that never returns holds it where Python's interrupt cannot run).
 INTERRUPT_GRACE_S = 10.0
 START_TIMEOUT_S = 300.0
+# Large messages travel through files in shared memory (course.verify.protocol), in a
+# directory per learner's process whose name holds this process's pid: a later verifier
+# removes those whose verifier is gone (killed, so it could not remove them itself).
+SHARED_ROOT = "/dev/shm"
+SHARED_PREFIX = "course-verify-"
+_shared_dirs: set[str] = set()  # made by this process and not yet removed
+
+
+def _remove_orphaned_shared_dirs() -> None:
+    try:
+        names = os.listdir(SHARED_ROOT)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(SHARED_PREFIX):
+            continue
+        pid = name[len(SHARED_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(SHARED_ROOT, name), ignore_errors=True)
+        except (PermissionError, OverflowError):  # alive (another user's), or no pid
+            pass
+
+
+def make_shared_dir() -> str | None:
+    """A new directory in shared memory for one learner's process's message files; None
+    where there is none to be had (every message then goes through the pipes)."""
+    _remove_orphaned_shared_dirs()
+    try:
+        path = tempfile.mkdtemp(dir=SHARED_ROOT, prefix=f"{SHARED_PREFIX}{os.getpid()}-")
+    except OSError:
+        return None
+    _shared_dirs.add(path)
+    return path
+
+
+def remove_shared_dir(path: str | None) -> None:
+    if path is not None:
+        _shared_dirs.discard(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@atexit.register
+def _remove_shared_dirs() -> None:
+    for path in list(_shared_dirs):
+        remove_shared_dir(path)
 
 
 class LearnerLost(BaseException):
@@ -80,13 +132,15 @@ class LearnerProcess:
         self.lost: str | None = None         # why nothing more can be asked
         self.tampering: list[str] = []       # every change reported so far, in order
         self.new_tampering: list[str] = []   # reported by the latest request
+        self.shared_dir: str | None = None   # its message files (None: the pipes only)
 
     def start(self) -> dict:
         """Start the process (unless `launch` did) and wait until it is ready."""
         if self.process is None:
             self.launch()
         try:
-            return protocol.read_message(self._read, time.monotonic() + START_TIMEOUT_S)
+            return protocol.read_message(self._read, time.monotonic() + START_TIMEOUT_S,
+                                         self.shared_dir)
         except (protocol.ChannelClosed, protocol.ChannelTimeout) as exc:
             self._kill(f"the learner's process did not start ({exc}); its log: "
                        f"{self.log_tail()}")
@@ -98,11 +152,13 @@ class LearnerProcess:
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
         interrupts_in, self._interrupts = os.pipe()  # which request an interrupt is for
+        remove_shared_dir(self.shared_dir)  # a process replaced: its files go with it
+        self.shared_dir = make_shared_dir()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "course.verify.learner", str(to_child), str(from_child),
-                 str(interrupts_in)],
+                 str(interrupts_in), *([self.shared_dir] if self.shared_dir else [])],
                 pass_fds=(to_child, from_child, interrupts_in), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
                 start_new_session=True)
@@ -126,12 +182,12 @@ class LearnerProcess:
             raise CellTimedOut("the cell's time limit ran out")
         self.requests += 1
         try:
-            protocol.write_message(self._write, message)
+            protocol.write_message(self._write, message, self.shared_dir)
         except OSError:
             self._kill("the learner's process is gone (its pipe is closed)")
             raise LearnerLost(self.lost) from None
         try:
-            reply = protocol.read_message(self._read, self.deadline)
+            reply = protocol.read_message(self._read, self.deadline, self.shared_dir)
         except protocol.ChannelTimeout:
             self._interrupt()
             raise CellTimedOut("the cell's time limit ran out while the learner's code "
@@ -164,7 +220,8 @@ class LearnerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGINT)
             try:
-                protocol.read_message(self._read, min(give_up, time.monotonic() + 0.5))
+                protocol.read_message(self._read, min(give_up, time.monotonic() + 0.5),
+                                      self.shared_dir)
                 return
             except protocol.ChannelTimeout:
                 if time.monotonic() < give_up:
@@ -188,11 +245,13 @@ class LearnerProcess:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._read = self._write = self._interrupts = None
+        remove_shared_dir(self.shared_dir)
+        self.shared_dir = None
 
     def close(self) -> None:
         if self.lost is None and self.process is not None and self.process.poll() is None:
             with contextlib.suppress(OSError):
-                protocol.write_message(self._write, {"op": "exit"})
+                protocol.write_message(self._write, {"op": "exit"}, self.shared_dir)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
