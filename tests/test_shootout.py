@@ -114,12 +114,17 @@ def test_each_cell_records_its_wall_time():
     assert row.status == "ok" and row.wall_s > 0
 
 
-def test_the_recorded_h100_run_ships_with_the_package():
-    rows = shootout.load_rows()
-    ours = [r for r in rows if r.impl == "ours" and r.status == "ok"]
+@pytest.mark.parametrize("gpu", ["H100", "H200"])
+def test_a_recorded_run_of_each_gpu_ships_with_the_package(gpu):
+    path, recorded_on = shootout.RECORDED_RUNS[gpu]
+    assert gpu in recorded_on
+    rows = shootout.load_rows(path)
+    ours = [r for r in rows if r.impl == "ours"]
+    assert ours and all(r.status == "ok" for r in ours)  # every shape checked and timed
     assert {r.op for r in ours} == set(peers.OPS)
     copy = {round(r.gbps / r.fraction_of_copy) for r in rows if r.status == "ok"}
     assert len(copy) == 1  # one run, one copy bandwidth
+    assert (shootout.RECORDED_RUN, shootout.RECORDED_ON) == shootout.RECORDED_RUNS["H100"]
 
 
 def test_peers_ours_first_and_missing_libraries_reported_not_dropped():
