@@ -26,7 +26,7 @@ from course import bench, hardware, shootout  # noqa: E402
 import torch  # noqa: E402
 
 from solutions.kernels import launch  # noqa: E402
-from solutions.kernels.launch import (  # noqa: E402
+from solutions.kernels.launch_plans import (  # noqa: E402
     MAX_ROW_BLOCKS,
     BackwardPlan,
     ForwardPlan,

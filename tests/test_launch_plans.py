@@ -3,8 +3,9 @@ options that rmsnorm.py's and layernorm.py's wrappers derive from `forward_plan`
 `backward_plan`, over a broad grid of shapes, dtypes and devices (issue #32).
 
 The snapshot (tests/data/launch_plans.json.gz) was recorded from the tables as measured on
-an H100; a change to solutions/kernels/launch.py that moves any launch there shows here,
-with the first differences. After a deliberate change of rule:
+an H100; a change to solutions/kernels/launch.py or to the rules it tries (plan_tables.py,
+derived_rules.py) that moves any launch there shows here, with the first differences. After
+a deliberate change of rule:
 
     python tests/test_launch_plans.py --write
 """
@@ -26,7 +27,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from triton import cdiv  # noqa: E402
 
-from solutions.kernels import launch  # noqa: E402
+from solutions.kernels import launch, plan_tables  # noqa: E402
+from solutions.kernels.launch_plans import ForwardPlan, Rows, Variant  # noqa: E402
 from solutions.kernels.sibling_sync import split_fits  # noqa: E402
 
 SNAPSHOT = ROOT / "tests" / "data" / "launch_plans.json.gz"
@@ -209,10 +211,12 @@ def plan_problems(op: str, M: int, N: int, plan, gpu) -> list[str]:
 
 
 def _plans_for(gpu, measured: bool = True):
-    """Every plan on the grid for `gpu`, with its op and shape: (op, M, N, dtype, plan)."""
-    saved = launch.measured_rules
+    """Every plan on the grid for `gpu`, with its op and shape: (op, M, N, dtype, plan);
+    without the measured tables where not `measured` (plan_tables.measured looks them up
+    in its own module, so that is where they are taken away)."""
+    saved = plan_tables.measured_rules
     if not measured:
-        launch.measured_rules = lambda name: {}
+        plan_tables.measured_rules = lambda name: {}
     launch._plan.cache_clear()
     try:
         for dtype in DTYPES.values():
@@ -227,7 +231,7 @@ def _plans_for(gpu, measured: bool = True):
                             M, N, torch.device("cuda"), dtype=dtype,
                             layernorm=op == "layernorm_bwd", gpu=gpu)
     finally:
-        launch.measured_rules = saved
+        plan_tables.measured_rules = saved
         launch._plan.cache_clear()
 
 
@@ -235,7 +239,7 @@ def _plans_for(gpu, measured: bool = True):
                          ids=lambda gpu: gpu.name.split(",")[0])
 def test_the_derived_rules_plan_every_shape_within_the_gpus_means(gpu):
     # The GPUs without a table get the derived rules alone; so would an H100 without its.
-    assert not launch.measured_rules(gpu.name) or gpu.name.startswith(("H100", "Triton"))
+    assert not plan_tables.measured_rules(gpu.name) or gpu.name.startswith(("H100", "Triton"))
     paths, problems = set(), []
     for op, M, N, dtype, plan in _plans_for(gpu, measured=False):
         paths.add((op, plan.path))
@@ -247,6 +251,15 @@ def test_the_derived_rules_plan_every_shape_within_the_gpus_means(gpu):
     assert {(op, "pieces") for op in BACKWARD_OPS} <= paths
 
 
+def test_planning_without_the_tables_leaves_them_out():
+    # The derived rules' tests above must not plan from a table: without it an H100 plans
+    # otherwise somewhere, and the table is back afterwards.
+    with_table = [plan for *_, plan in _plans_for(launch.H100)]
+    without = [plan for *_, plan in _plans_for(launch.H100, measured=False)]
+    assert len(without) == len(with_table) and without != with_table
+    assert [plan for *_, plan in _plans_for(launch.H100)] == with_table
+
+
 def test_the_measured_tables_plan_within_the_h100s_means():
     for gpu in (launch.H100, launch.KNOWN_GPUS["H200"], launch.INTERPRETER):
         problems = [f"{op} {M} x {N} {dtype}: {p}: {plan}"
@@ -256,12 +269,12 @@ def test_the_measured_tables_plan_within_the_h100s_means():
 
 
 def test_each_gpu_reads_its_own_table_and_others_none():
-    h100 = launch.measured_rules("NVIDIA H100 80GB HBM3")
-    assert h100 and h100 == launch.measured_rules(launch.H100.name)
+    h100 = plan_tables.measured_rules("NVIDIA H100 80GB HBM3")
+    assert h100 and h100 == plan_tables.measured_rules(launch.H100.name)
     assert set(h100) == set(launch.FORWARD_RULES) | set(launch.BACKWARD_RULES)
     # The H200's table is the H100's but for the rules a sweep there replaced or added
     # (docs/launch-rules.md#h200), each saying so; LayerNorm's backward is the H100's.
-    h200 = launch.measured_rules("NVIDIA H200")
+    h200 = plan_tables.measured_rules("NVIDIA H200")
     assert set(h200) == set(h100)
     assert h200["layernorm_backward"] == h100["layernorm_backward"]
     swept = {op: [rule for rule in h200[op] if rule not in h100[op]] for op in h200}
@@ -274,17 +287,17 @@ def test_each_gpu_reads_its_own_table_and_others_none():
         "rmsnorm_backward"]] == list(h100["rmsnorm_backward"])
     h200_gpu = launch.KNOWN_GPUS["H200"]
     plan = functools.partial(launch.forward_plan, device=None, gpu=h200_gpu)
-    assert plan(4096, 32768) == launch.ForwardPlan(path="loop", block_n=8192, num_warps=32,
-                                                   variant="one_row")
-    assert plan(32768, 512, layernorm=True) == launch.ForwardPlan(
+    assert plan(4096, 32768) == ForwardPlan(path="loop", block_n=8192, num_warps=32,
+                                            variant="one_row")
+    assert plan(32768, 512, layernorm=True) == ForwardPlan(
         path="rows", block_n=512, num_warps=2, block_m=2)
-    assert plan(1024, 131072, residual=True) == launch.ForwardPlan(
+    assert plan(1024, 131072, residual=True) == ForwardPlan(
         path="split", block_n=8192, num_warps=16, split=16, out_block=8192, reload=False)
     assert plan(1024, 100000, residual=True).split == 32  # measured on full blocks only
     assert plan(4096, 32768, element_size=4) == launch.forward_plan(
         4096, 32768, None, element_size=4, gpu=launch.H100)  # float32 keeps the H100's
     for name in ("NVIDIA A100-SXM4-80GB", "NVIDIA L4", "Tesla T4", "NVIDIA B200"):
-        assert launch.measured_rules(name) == {}, name
+        assert plan_tables.measured_rules(name) == {}, name
     assert launch.gpu_properties(torch.device("cpu")) == launch.INTERPRETER
 
 
@@ -293,7 +306,7 @@ def test_every_measured_rule_is_the_first_to_match_somewhere():
     # The H100's table is asked for the interpreter's plans too (a table is read by name).
     for table, gpus in ((launch.H100.name, (launch.INTERPRETER, launch.H100)),
                         ("H200", (launch.KNOWN_GPUS["H200"],))):
-        _assert_every_rule_is_first_somewhere(launch.measured_rules(table), gpus)
+        _assert_every_rule_is_first_somewhere(plan_tables.measured_rules(table), gpus)
 
 
 def _assert_every_rule_is_first_somewhere(rules: dict, gpus) -> None:
@@ -307,7 +320,7 @@ def _assert_every_rule_is_first_somewhere(rules: dict, gpus) -> None:
                         size = dtype.itemsize
                         name = (str(dtype).removeprefix("torch.") if "backward" in op else
                                 "float32" if size == 4 else "16-bit")
-                        rows = launch.Rows(op, M, N, name, size, gpu)
+                        rows = Rows(op, M, N, name, size, gpu)
                         used.add(next((op, i) for i, rule in enumerate(rules[op])
                                       if rule(rows) is not None) if any(
                             rule(rows) is not None for rule in rules[op]) else None)
@@ -318,16 +331,16 @@ def _assert_every_rule_is_first_somewhere(rules: dict, gpus) -> None:
 
 def test_plans_are_built_by_keyword_with_one_variant():
     with pytest.raises(TypeError):
-        launch.ForwardPlan("rows", 512, 4)
-    plan = launch.ForwardPlan(path="rows", block_n=512, num_warps=4, variant="stream")
+        ForwardPlan("rows", 512, 4)
+    plan = ForwardPlan(path="rows", block_n=512, num_warps=4, variant="stream")
     assert plan.stream and plan.weight_after_sum and not plan.prefetch
     assert plan.out_block == 512 and plan.launch_options() == {"num_warps": 4}
     with pytest.raises(ValueError, match="the one_row variant is for the loop path with a "
                                          "program per row"):
-        launch.ForwardPlan(path="loop", block_n=512, num_warps=4, programs=3,
-                           variant=launch.Variant.ONE_ROW)
+        ForwardPlan(path="loop", block_n=512, num_warps=4, programs=3,
+                    variant=Variant.ONE_ROW)
     with pytest.raises(ValueError, match="the keep_masks variant is for the rows path"):
-        launch.ForwardPlan(path="loop", block_n=512, num_warps=4, variant="keep_masks")
+        ForwardPlan(path="loop", block_n=512, num_warps=4, variant="keep_masks")
 
 
 if __name__ == "__main__":

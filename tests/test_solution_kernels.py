@@ -16,23 +16,22 @@ import torch
 
 from solutions import kernels
 from solutions.kernels.column_sums import SUM_ROWS, column_sums
-from solutions.kernels.launch import (
-    H100,
+from solutions.kernels.derived_rules import (
     RESIDUAL_SPLIT,
     RESIDUAL_SPLIT_BLOCKS,
+    fused_add_long_rows,
+)
+from solutions.kernels.launch import H100, backward_plan, forward_plan, gpu_properties
+from solutions.kernels.launch_plans import (
     BackwardPlan,
     ForwardPlan,
     Rows,
     Variant,
-    backward_plan,
-    forward_plan,
-    fused_add_long_rows,
-    gpu_properties,
-    measured,
     stated_multiple_of,
 )
 from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, SHIFTED_MAX_N, layernorm_backward
 from solutions.kernels.layernorm import _forward as layernorm_forward
+from solutions.kernels.plan_tables import measured
 from solutions.kernels.rmsnorm import _forward as rmsnorm_forward
 from solutions.kernels.rmsnorm import rmsnorm_backward
 from solutions.kernels.sibling_sync import next_power_of_2_split
@@ -388,7 +387,7 @@ def test_every_row_length_gets_a_plan_that_covers_it(op):
 
 
 def test_fused_add_split_rows_hold_16_values_a_thread_on_about_32_programs_a_row():
-    # What the split rule was measured to want (launch.residual_split_plan): 16 values a
+    # What the split rule was measured to want (derived_rules.residual_split_plan): 16 values a
     # thread at every length, and RESIDUAL_SPLIT programs a row until a program holds the
     # most columns it may; past that, more programs rather than more values a thread. The
     # rule itself, as a GPU without a measured rule for the row gets it (the H200's table
@@ -617,7 +616,7 @@ def test_gpu_backwards_at_benchmark_shapes(shape):
 
 
 # Row lengths and strides that are multiples of 8, 4, 2 and 1 but not 16: the kernels are
-# told the multiple (launch.stated_multiple_of), on every path (rows, loop, split).
+# told the multiple (launch_plans.stated_multiple_of), on every path (rows, loop, split).
 # Row lengths below a power of two take PARTIAL_BLOCK's rules (PARTIAL_BLOCK_FLOAT32's), and
 # 16-bit backwards the pieces path (4097: a tail of one column; 768 to 10240: each row of
 # RMS_BACKWARD_PIECES and LN_BACKWARD_PIECES).

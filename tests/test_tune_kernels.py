@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import tune_kernels  # noqa: E402
 
-from solutions.kernels.launch import MAX_ROW_BLOCKS, Variant  # noqa: E402
+from solutions.kernels.launch_plans import MAX_ROW_BLOCKS, Variant  # noqa: E402
 
 SMS = 132
 

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solutions.kernels.launch import stated_multiple_of
+from solutions.kernels.launch_plans import stated_multiple_of
 from solutions.kernels.ready_launch import launch_key, ready_launch
 from solutions.kernels.row_loads import stated_multiples
 

@@ -55,13 +55,8 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
-from solutions.kernels.launch import (
-    BackwardPlan,
-    ForwardPlan,
-    backward_plan,
-    forward_plan,
-    stated_multiple_of,
-)
+from solutions.kernels.launch import backward_plan, forward_plan
+from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
 from solutions.kernels.ready_launch import launch_key, ready_launch
 from solutions.kernels.row_loads import (
     bias_or_zeros,

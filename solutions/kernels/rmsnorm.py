@@ -29,7 +29,7 @@ path. Everything here is that, specialised per shape. Seven kernels; the launch 
     rmsnorm_bwd_loop_kernel    Backward "loop"   long rows where split cannot run
 
 The flags, and the plan fields that set them (ForwardPlan, BackwardPlan, and Variant, the
-one thing a forward plan does beyond its path's plain kernel: launch.py):
+one thing a forward plan does beyond its path's plain kernel: launch_plans.py):
 
     BLOCK_M, BLOCK_N, SPLIT   plan.block_m, plan.block_n, plan.split (and plan.num_warps)
     PREFETCH                  plan.prefetch: the next tile's loads issued before this
@@ -45,7 +45,7 @@ one thing a forward plan does beyond its path's plain kernel: launch.py):
     SUM_EACH_STEP             plan.sum_each_step: dW added over each step's rows at once
     HEAD, TAIL                plan.block_n, plan.tail_for(N)
     from the call             HAS_RESIDUAL (add_rmsnorm), HAS_WEIGHT, STORE_RSTD (the
-                              autograd forward), MULTIPLE (launch.stated_multiple_of: what
+                              autograd forward), MULTIPLE (launch_plans.stated_multiple_of: what
                               N and the strides are multiples of, for 16-byte loads)
 
 Then, in order: `rmsnorm_fwd_rows_kernel` with every flag off (the plain kernel, BLOCK_M rows
@@ -66,13 +66,8 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.column_sums import column_sums
-from solutions.kernels.launch import (
-    BackwardPlan,
-    ForwardPlan,
-    backward_plan,
-    forward_plan,
-    stated_multiple_of,
-)
+from solutions.kernels.launch import backward_plan, forward_plan
+from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
 from solutions.kernels.ready_launch import launch_key, ready_launch
 from solutions.kernels.row_loads import (
     columns_in_row,

@@ -18,7 +18,7 @@ from course.validation import (
 
 import torch
 
-from solutions.kernels.launch import multiprocessors
+from solutions.kernels.gpus import multiprocessors
 from solutions.kernels.sibling_sync import split_fits
 
 
