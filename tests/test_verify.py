@@ -168,14 +168,52 @@ def test_a_large_message_goes_through_the_pipe_where_the_directory_cannot_take_i
             return os.statvfs_result((found.f_bsize, found.f_frsize, found.f_blocks, 0, 0,
                                       *found[5:]))
         monkeypatch.setattr(os, "statvfs", full)
+    files = []
+    monkeypatch.setattr(protocol, "_read_file", lambda *args: files.append(args))
     message = {"x": torch.randn(1 << 20)}
     writer = threading.Thread(target=protocol.write_message, args=(write_fd, message, shared))
     writer.start()
     back = protocol.read_message(read_fd, time.monotonic() + 30, shared)
     writer.join()
-    assert torch.equal(back["x"], message["x"])
+    assert torch.equal(back["x"], message["x"]) and files == []  # the pipe carried it
     if where == "full":
         assert os.listdir(shared) == []
+
+
+@pytest.mark.parametrize("kind", ["sparse", "shorter than it says", "fifo", "directory"])
+def test_a_frame_naming_something_other_than_the_file_it_says_is_refused(tmp_path, pipe, kind):
+    # A sparse file would make the reader allocate what the writer never stored; a FIFO
+    # opened without O_NONBLOCK would hang it.
+    read_fd, write_fd = pipe
+    shared = _shared_dir(tmp_path)
+    target = Path(shared) / "message-x"
+    nbytes = 1 << 20
+    if kind == "sparse":
+        target.touch()
+        os.truncate(target, nbytes)
+    elif kind == "shorter than it says":
+        target.write_bytes(b"x" * 100)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    os.write(write_fd, _frame_naming(b"message-x", nbytes))
+    with pytest.raises(protocol.MessageRefused, match="plain file"):
+        protocol.read_message(read_fd, time.monotonic() + 10, shared)
+    if kind != "directory":
+        assert not target.exists()  # removed as soon as it was opened
+
+
+def test_a_shared_directory_swapped_for_a_link_is_refused(tmp_path, pipe):
+    read_fd, write_fd = pipe
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "message-x").write_bytes(protocol.encode({"x": 1})[8:])
+    os.symlink(elsewhere, tmp_path / "shared")
+    os.write(write_fd, _frame_naming(b"message-x", (elsewhere / "message-x").stat().st_size))
+    with pytest.raises(protocol.MessageRefused, match="cannot be opened"):
+        protocol.read_message(read_fd, time.monotonic() + 10, str(tmp_path / "shared"))
+    assert (elsewhere / "message-x").exists()
 
 
 def test_shared_directories_of_verifiers_that_are_gone_are_removed(tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ IN_FILE_BYTES = 1 << 20
 _IN_FILE = 1 << 63
 _FILE_SIZE = struct.Struct("<Q")  # the frame naming a file: the file's size, then its name
 _MAX_NAME = 255
+_FILE_CHUNK = 256 << 20  # a message file is read this much at a time, the deadline between
 
 
 @contextlib.contextmanager
@@ -109,7 +110,9 @@ def _tensor_bytes(message: object) -> int:
 
 def _save_in_file(shared_dir: str, message: dict, size: int) -> tuple[bytes, str] | None:
     """Save `message` into a new file of `shared_dir`: the frame that names it, and its
-    path; None where the directory cannot take it (missing, not writable, too full)."""
+    path; None where the directory cannot take it (missing, not writable, too full). The
+    file is written and measured through its own descriptor, never looked up by name again,
+    so a name the other process swapped for a link leads nowhere."""
     try:
         space = os.statvfs(shared_dir)
         if space.f_bavail * space.f_frsize < size + size // 16 + (1 << 20):
@@ -118,16 +121,17 @@ def _save_in_file(shared_dir: str, message: dict, size: int) -> tuple[bytes, str
     except OSError:
         return None
     try:
-        os.close(fd)
         with _without_checksums():
-            torch.save(message, path)
-        nbytes = os.path.getsize(path)
+            torch.save(message, f"/proc/self/fd/{fd}")  # the open file itself (Linux)
+        nbytes = os.fstat(fd).st_size
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(path)
         if isinstance(exc, Exception):  # full after all (another writer): the pipe
             return None
         raise
+    finally:
+        os.close(fd)
     header = _FILE_SIZE.pack(nbytes) + os.path.basename(path).encode()
     return _LENGTH.pack(_IN_FILE | len(header)) + header, path
 
@@ -172,10 +176,12 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
-def _read_file(shared_dir: str | None, header: bytes) -> bytes:
+def _read_file(shared_dir: str | None, header: bytes, deadline: float | None) -> bytes:
     """The bytes of the file a frame names, read whole into this process's memory; the
     file is removed. The name comes from the other process: only a plain name inside
-    `shared_dir`, a regular file of the size the frame said, is read."""
+    `shared_dir`, a regular file of the size the frame said with every byte stored (a
+    sparse file would cost this process its memory and the other nothing), is read, a
+    chunk at a time, within the deadline."""
     if len(header) < _FILE_SIZE.size:
         raise MessageRefused("a frame naming a file is too short")
     (nbytes,) = _FILE_SIZE.unpack_from(header)
@@ -190,26 +196,41 @@ def _read_file(shared_dir: str | None, header: bytes) -> bytes:
     if shared_dir is None:
         raise MessageRefused(f"a message came in the file {name!r}, but this end has no "
                              "shared directory")
-    path = os.path.join(shared_dir, name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:  # the directory and then the file, each opened once and never through a link
+        folder = os.open(shared_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
+        raise MessageRefused(f"the shared directory cannot be opened ({exc.strerror})") \
+            from None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY,
+                     dir_fd=folder)
+    except OSError as exc:
+        os.close(folder)
         raise MessageRefused(f"the message's file {name!r} is not a plain file of the "
                              f"shared directory ({exc.strerror})") from None
     try:
         with contextlib.suppress(OSError):
-            os.unlink(path)  # now: nothing is left behind, whatever follows
+            os.unlink(name, dir_fd=folder)  # now: nothing is left behind, whatever follows
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != nbytes:
+        if (not stat.S_ISREG(info.st_mode) or info.st_size != nbytes
+                or info.st_blocks * 512 < nbytes):
             raise MessageRefused(f"the message's file {name!r} is not a plain file of "
-                                 f"{nbytes} bytes")
-        with open(fd, "rb", buffering=0, closefd=False) as file:
-            data = file.read(nbytes + 1)  # no more than it said: one byte more shows a change
+                                 f"{nbytes} bytes, every one stored")
+        chunks, done = [], 0
+        while done < nbytes:  # in chunks: one read(2) returns at most about 2 GiB
+            if deadline is not None and time.monotonic() > deadline:
+                raise ChannelTimeout("the message's file was not read within the time limit")
+            chunk = os.read(fd, min(_FILE_CHUNK, nbytes - done))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            done += len(chunk)
+        if done != nbytes or os.read(fd, 1):
+            raise MessageRefused(f"the message's file {name!r} changed while it was read")
     finally:
         os.close(fd)
-    if len(data) != nbytes:
-        raise MessageRefused(f"the message's file {name!r} changed while it was read")
-    return data
+        os.close(folder)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # b"": no message
 
 
 def read_message(fd: int, deadline: float | None = None,
@@ -222,7 +243,7 @@ def read_message(fd: int, deadline: float | None = None,
     size = word & ~_IN_FILE
     if size > _FILE_SIZE.size + _MAX_NAME:
         raise MessageRefused(f"a frame naming a file is {size} bytes long")
-    return decode(_read_file(shared_dir, _read_exactly(fd, size, deadline)))
+    return decode(_read_file(shared_dir, _read_exactly(fd, size, deadline), deadline))
 
 
 # ---------------------------------------------------------------- tensors

@@ -141,7 +141,7 @@ class LearnerProcess:
         try:
             return protocol.read_message(self._read, time.monotonic() + START_TIMEOUT_S,
                                          self.shared_dir)
-        except (protocol.ChannelClosed, protocol.ChannelTimeout) as exc:
+        except (protocol.ChannelClosed, protocol.ChannelTimeout, protocol.MessageRefused) as exc:
             self._kill(f"the learner's process did not start ({exc}); its log: "
                        f"{self.log_tail()}")
             raise LearnerLost(self.lost) from None
@@ -197,6 +197,9 @@ class LearnerProcess:
             self._kill(f"the learner's process died while running its code (exit status "
                        f"{code}: a crash, os._exit, or the system killed it)")
             raise LearnerLost(self.lost) from None
+        except protocol.MessageRefused as exc:  # the pipe may be out of step: no more asking
+            self._kill(f"the learner's process sent a message that was refused ({exc})")
+            raise LearnerLost(self.lost) from None
         except BaseException:
             self._interrupt()
             raise
@@ -228,6 +231,9 @@ class LearnerProcess:
                     continue
             except protocol.ChannelClosed:
                 pass
+            except protocol.MessageRefused as exc:
+                self._kill(f"the learner's process sent a message that was refused ({exc})")
+                return
             self._kill(f"the learner's code did not stop within {INTERRUPT_GRACE_S:.0f} s of "
                        "being interrupted (on a GPU, a kernel that never returns), so its "
                        "process was killed")
