@@ -170,11 +170,15 @@ def runner(op: str, t: dict, plan):
     return lambda: layernorm_backward(x, w, mean, rstd, t["dy"], plan=plan)
 
 
-def compile_plans(op: str, N: int, dtype: torch.dtype, plans: list, part: str) -> None:
-    """Run this process's share of the plans once, on 64 rows of N columns: as many rows as
-    a multiple of 16, so that Triton specializes the kernels as it will for the sweep's."""
+def compile_plans(op: str, M: int, N: int, dtype: torch.dtype, plans: list, part: str) -> None:
+    """Run this process's share of the plans once, so that Triton compiles each kernel as
+    the sweep will: the forwards on 64 rows (a multiple of 16, like the sweep's), the
+    backwards on the sweep's M (their rows a program is an argument, which Triton makes a
+    constant when it is 1)."""
     k, j = (int(v) for v in part.split("/"))
-    t = shootout.make_inputs(op, 64, N, dtype)
+    if not 0 <= k < j:
+        raise SystemExit(f"--compile-part K/J wants 0 <= K < J, not {part}")
+    t = shootout.make_inputs(op, M if op.endswith("_bwd") else 64, N, dtype)
     for plan in plans[k::j]:
         try:
             runner(op, t, plan)()
@@ -200,10 +204,12 @@ def main() -> None:
                              "for the sweep that follows, whose compiles are most of its time")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    copy = hardware.copy_bandwidth()
     gpu = launch.gpu_properties(torch.device("cuda", 0))
     sms, registers = gpu.sms, gpu.registers_per_sm
-    print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs", flush=True)
+    if not args.compile_part:  # J processes compiling side by side measure nothing
+        copy = hardware.copy_bandwidth()
+        print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs",
+              flush=True)
     results = []
     if not args.compile_part:
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -226,7 +232,7 @@ def main() -> None:
             paths = args.paths.split(",")
             plans = [default] + [c for c in cands if c != default and c.path in paths]
             if args.compile_part:
-                compile_plans(op, N, dtype, plans, args.compile_part)
+                compile_plans(op, M, N, dtype, plans, args.compile_part)
                 continue
             for k, plan in enumerate(plans):
                 # Each plan on inputs of its own, as `course bench` gives each implementation.

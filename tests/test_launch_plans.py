@@ -12,6 +12,7 @@ a deliberate change of rule:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import json
@@ -299,6 +300,10 @@ def test_each_gpu_reads_its_own_table_and_others_none():
     for name in ("NVIDIA A100-SXM4-80GB", "NVIDIA L4", "Tesla T4", "NVIDIA B200"):
         assert plan_tables.measured_rules(name) == {}, name
     assert launch.gpu_properties(torch.device("cpu")) == launch.INTERPRETER
+    # A measured split whose programs could not all run at once on a smaller part of the
+    # same name (8 SMs) is passed over, as the derived rules pass over theirs.
+    small = dataclasses.replace(h200_gpu, sms=8)
+    assert launch.forward_plan(1024, 131072, None, residual=True, gpu=small).split <= 8
 
 
 def test_every_measured_rule_is_the_first_to_match_somewhere():

@@ -74,5 +74,5 @@ def test_the_compile_parts_run_every_plan_once_between_them(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     plans = tune_kernels.forward_candidates(1024, SMS)
     for k in range(4):
-        tune_kernels.compile_plans("rmsnorm_fwd", 1024, torch.float32, plans, f"{k}/4")
+        tune_kernels.compile_plans("rmsnorm_fwd", 64, 1024, torch.float32, plans, f"{k}/4")
     assert sorted(map(repr, ran)) == sorted(map(repr, plans))

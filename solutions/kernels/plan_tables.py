@@ -38,13 +38,14 @@ class Measured:
                 or self.fills not in (None, rows.N == rows.block_n)
                 or not self.n_above < rows.N <= self.n_at_most):
             return None
+        sms, path = rows.gpu.sms, self.plan["path"]
+        split = (self.plan.get("split") or next_power_of_2_split(rows.N, self.plan["block_n"])
+                 if path == "split" else 1)
+        if path == "split" and not (rows.gpu.concurrent and split_fits(split, sms)):
+            return None  # its programs could not all run at once here (a smaller part)
         if "backward" not in rows.op:
             return ForwardPlan(**self.plan)
-        sms, path = rows.gpu.sms, self.plan["path"]
         fields = {"block_n": rows.block_n // 2} if path == "pieces" else {}
-        split = next_power_of_2_split(rows.N, self.plan["block_n"]) if path == "split" else 1
-        if path == "split" and not (rows.gpu.concurrent and split_fits(split, sms)):
-            return None
         programs = max(1, min(rows.M, self.programs_per_sm * sms // split))
         return BackwardPlan(**self.plan | fields, split=split, programs=programs)
 
