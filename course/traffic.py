@@ -397,7 +397,7 @@ def ideal_backward_bytes(M: int, N: int, dtype: DTypeLike,
 # The split-size model of chapter 07, in which each program of kernel 1 handles one row at
 # a time: the GPU streams at its full bandwidth once every SM has a program and about this
 # many elements of a row in flight. The course's tuned backward plans keep 8192 to 32768
-# elements per SM in flight (rows per tile x N x programs per SM, solutions/kernels/launch.py).
+# elements per SM in flight (rows per tile x N x programs per SM, solutions/kernels/plans/).
 ELEMENTS_IN_FLIGHT_PER_SM = 8192
 
 
