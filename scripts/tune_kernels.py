@@ -199,19 +199,19 @@ def main() -> None:
                         help="how each plan is timed (bench.time_in_turn)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     parser.add_argument("--compile-part", default="",
-                        help="K/J: only compile every J-th plan from the K-th, on 64 rows, and "
-                             "time nothing; J such processes side by side fill Triton's cache "
-                             "for the sweep that follows, whose compiles are most of its time")
+                        help="K/J: only compile every J-th plan from the K-th (compile_plans) "
+                             "and time nothing; J such processes side by side fill Triton's "
+                             "cache for the sweep that follows, whose compiles are most of its "
+                             "time")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     gpu = launch.gpu_properties(torch.device("cuda", 0))
     sms, registers = gpu.sms, gpu.registers_per_sm
+    results = []
     if not args.compile_part:  # J processes compiling side by side measure nothing
         copy = hardware.copy_bandwidth()
         print(f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, {sms} SMs",
               flush=True)
-    results = []
-    if not args.compile_part:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     shapes = shootout.SHAPES if args.shapes == "all" else shootout.parse_shapes(args.shapes)
     for op in args.ops.split(","):

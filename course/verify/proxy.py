@@ -84,6 +84,10 @@ def remove_shared_dir(path: str | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _refused(exc: protocol.MessageRefused) -> str:
+    return f"the learner's process sent a message that was refused ({exc})"
+
+
 @atexit.register
 def _remove_shared_dirs() -> None:
     for path in list(_shared_dirs):
@@ -152,8 +156,7 @@ class LearnerProcess:
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
         interrupts_in, self._interrupts = os.pipe()  # which request an interrupt is for
-        remove_shared_dir(self.shared_dir)  # a process replaced: its files go with it
-        self.shared_dir = make_shared_dir()
+        self.shared_dir = make_shared_dir()  # removed by _kill, with the process
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -198,7 +201,7 @@ class LearnerProcess:
                        f"{code}: a crash, os._exit, or the system killed it)")
             raise LearnerLost(self.lost) from None
         except protocol.MessageRefused as exc:  # the pipe may be out of step: no more asking
-            self._kill(f"the learner's process sent a message that was refused ({exc})")
+            self._kill(_refused(exc))
             raise LearnerLost(self.lost) from None
         except BaseException:
             self._interrupt()
@@ -232,7 +235,7 @@ class LearnerProcess:
             except protocol.ChannelClosed:
                 pass
             except protocol.MessageRefused as exc:
-                self._kill(f"the learner's process sent a message that was refused ({exc})")
+                self._kill(_refused(exc))
                 return
             self._kill(f"the learner's code did not stop within {INTERRUPT_GRACE_S:.0f} s of "
                        "being interrupted (on a GPU, a kernel that never returns), so its "
