@@ -554,6 +554,23 @@ def test_a_cell_that_kills_its_process_costs_its_own_exercise_only(tmp_path, sou
 
 
 @pytest.mark.slow
+def test_a_test_cell_after_a_lost_process_calls_the_new_one(tmp_path):
+    """The second test cell reads `add` too, whose stand-in the first made: it must call
+    the process started after the first one died, not report the dead one as lost."""
+    nb = _chapter(ADD, MUL)
+    nb.cells[4].source = "assert mul(add(1, 1), 3) == 6"
+    source = tmp_path / "ch99_small.ipynb"
+    nbformat.write(nb, source)
+    nb.cells[1].source = ("import os\ndef add(a, b):\n    if (a, b) == (2, 3):\n"
+                          "        os._exit(7)\n    return a + b\n")
+    submitted = tmp_path / "submitted.ipynb"
+    nbformat.write(nb, submitted)
+    verdict = verify(submitted, source, cell_timeout_s=60)
+    assert _points(verdict) == {"ex01_add": 0, "ex02_mul": 3}, verdict.to_json()
+    assert verdict.cells[0].status == "lost" and "died" in verdict.cells[0].reason
+
+
+@pytest.mark.slow
 def test_a_function_that_hangs_is_stopped_at_the_time_limit(tmp_path, source_path):
     hang = "def mul(a, b):\n    while True:\n        pass\n"
     verdict = _verify(tmp_path, source_path, mul_code=hang, timeout=5)

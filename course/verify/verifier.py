@@ -202,6 +202,7 @@ class _Run:
         self.tampered_from: int | None = None
         self.tamper_reason = ""
         self.namespace: dict = {"__name__": "__main__"}
+        self.bound: dict[str, object] = {}  # name -> what _bind put there for the last cell
         self.by_id = {c.grade_id: c for c in verdict.cells}
         self.first = first  # a process launched ahead for this submission, if any
 
@@ -303,8 +304,16 @@ class _Run:
             self._score(label, "tampering", self.tamper_reason)
 
     def _bind(self, source: str) -> None:
-        """Stand-ins here for the names the test cell reads from the learner's notebook."""
-        for name in free_names(source):
+        """Stand-ins here for the names the test cell reads from the learner's notebook,
+        made afresh for each test cell (with those an earlier one made, which its functions
+        may read): an earlier cell's may call a process since replaced, or show a value
+        since changed."""
+        earlier = [name for name, bound in self.bound.items()
+                   if self.namespace.get(name) is bound]  # not since assigned by a test cell
+        for name in earlier:
+            del self.namespace[name]
+        self.bound = {}
+        for name in dict.fromkeys(earlier + free_names(source)):
             if name in self.namespace or hasattr(builtins, name):
                 continue
             found = self.learner.describe(name)
@@ -319,6 +328,8 @@ class _Run:
                 self.namespace[name] = importlib.import_module(found["module"])
             elif kind == "other":
                 self.namespace[name] = type(found["type"], (LearnerObject,), {})()
+            if name in self.namespace:
+                self.bound[name] = self.namespace[name]
 
     def _checked_cell(self, index: int, cell, label: str) -> None:
         output = io.StringIO()
