@@ -61,6 +61,8 @@ GRADER_DIR = Path(__file__).resolve().parent
 ROOT = GRADER_DIR.parent
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")
 # nbgrader logs this line for every submission it could not finish.
+# The line under each test cell of the feedback that gives the verified points.
+VERIFIED_LINE = "Verified apart from your code:"
 FAILED_LINE = re.compile(r"There was an error processing assignment '([^']+)' for student "
                          r"'([^']+)'")
 # What collect copies from a submission's chapter folder: the notebook, and nbgrader's record
@@ -535,9 +537,9 @@ def course_todo(course: Course, chapters: Sequence[str] | None,
 
 @dataclass
 class Graded:
-    """One chapter's submissions, graded: by nbgrader, then by the verifier."""
+    """One chapter's submissions, graded: recorded by nbgrader, run by the verifier."""
 
-    graded: list[str]        # nbgrader ran them to the end
+    graded: list[str]        # nbgrader wrote their autograded notebooks
     failed: list[str]        # nbgrader could not: scored 0 by it, graded by the verifier
     verdicts: dict[str, dict | None]
     log: Path
@@ -547,7 +549,7 @@ def _nbgrader_autograde(course: Course, chapter: str, names: Sequence[str], *, f
                         per_student: bool, env: dict[str, str]
                         ) -> tuple[list[str], list[str], Path]:
     """nbgrader autograde of `names` in `chapter` (one call, or one per student):
-    (graded, failed, log); a submission it could not run to the end scores 0 from it."""
+    (graded, failed, log); a submission it could not process scores 0 from it."""
     logs = course.logs
     log = logs / f"autograde_{chapter}.log"
     args = ["autograde", chapter] + (["--force"] if force else [])
@@ -580,15 +582,15 @@ def _nbgrader_autograde(course: Course, chapter: str, names: Sequence[str], *, f
 def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
                   cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str]
                   ) -> Graded:
-    """nbgrader autograde of `names` in `chapter` (one call, or one per student), then the
-    verifier on every submission nbgrader tried; the verified points are not yet in the
-    gradebook (`apply_verdicts`)."""
+    """nbgrader autograde of `names` in `chapter` (one call, or one per student: it runs no
+    cell, see grader/nbgrader_config.py), then the verifier, which runs them; its outputs go
+    into the autograded notebooks, its points are not yet in the gradebook
+    (`apply_verdicts`)."""
     env = dict(GRADING_ENV)
     if cell_timeout_s is not None:
         env["GRADER_CELL_TIMEOUT_S"] = str(cell_timeout_s)
-    # nbgrader's scores are replaced by verified ones, for every submission it tries: the
-    # verifier also grades the exercises before a cell that stops nbgrader. It starts now,
-    # its start (torch, the first learner's process) overlapping nbgrader's run.
+    # The verifier starts now, its start (torch, the first learner's process) overlapping
+    # nbgrader's run.
     verdicts = {student: current_verdict(course, chapter, student) for student in names}
     stale = [student for student in names if force or verdicts[student] is None]
     verification = Verification(course, chapter, stale,
@@ -602,7 +604,7 @@ def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: 
         raise
     verdicts.update(verification.finish())
     check_code_stamp(course, stamp, f"the verification of {chapter}")
-    for student in stale:
+    for student in graded:  # nbgrader wrote each of these notebooks afresh
         annotate(course, chapter, student, verdicts[student])
     return Graded(graded, failed, verdicts, log)
 
@@ -611,14 +613,15 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
               students: Sequence[str] | None = None, *, force: bool = False,
               cell_timeout_s: int | None = None, gpus: Sequence[str] | None = None,
               say: Callable[[str], None] = print) -> list[ChapterRun]:
-    """Autograde the collected submissions, one nbgrader call per chapter, then verify each
-    (the verified points replace nbgrader's). A submission that nbgrader cannot run to the
-    end (a cell that ignores the interrupt at its time limit, a dead kernel) is listed;
-    other chapters are not touched. Before grading, every collected submission is scanned
-    for code that a solution should not need (the integrity scan): flagged submissions are
-    listed, and every flag is written to grader/grades_integrity.csv, for the instructor to
-    review. The flags cost no points. With `gpus`, a worker per GPU grades the submissions
-    one at a time (`autograde_on_gpus`)."""
+    """Autograde the collected submissions: one nbgrader call per chapter records them in
+    the gradebook, without running a cell, and the verifier runs and grades each (its
+    points and outputs replace nbgrader's zeros). A submission that nbgrader cannot process
+    (a notebook it cannot read) is listed; other chapters are not touched. Before grading,
+    every collected submission is scanned for code that a solution should not need (the
+    integrity scan): flagged submissions are listed, and every flag is written to
+    grader/grades_integrity.csv, for the instructor to review. The flags cost no points.
+    With `gpus`, a worker per GPU grades the submissions one at a time
+    (`autograde_on_gpus`)."""
     if cell_timeout_s is not None and cell_timeout_s <= 0:
         raise GraderError(f"the time limit per cell must be above 0 s, not {cell_timeout_s}")
     plan = prepare(course, chapters, students, say)
@@ -647,12 +650,11 @@ def report_chapter(course: Course, plan: Plan, chapter: str, names: Sequence[str
              if (found := plan.scanned.get((chapter, s)))}
     log = done.log
     shown_log = log.relative_to(course.root) if log.is_relative_to(course.root) else log
-    say(f"{chapter}: {len(done.graded)} graded, {len(done.failed)} could not be run to the "
-        f"end, in {seconds:.0f} s (log: {shown_log})")
+    say(f"{chapter}: {len(done.graded)} graded, {len(done.failed)} could not be processed "
+        f"by nbgrader, in {seconds:.0f} s (log: {shown_log})")
     for student in done.failed:
-        say(f"  {student}: NOT GRADED by nbgrader: the notebook could not run to the end "
-            "(a cell ignored the interrupt at its time limit and its kernel was killed, "
-            "or the kernel died); see the log. Its points are the verifier's alone")
+        say(f"  {student}: NOT GRADED by nbgrader: it could not process the notebook (see "
+            "the log); its autograded notebook is missing and the chapter scores 0")
     for student in names:
         if student in done.verdicts:
             for line in verdict_lines(done.verdicts[student], student):
@@ -1336,30 +1338,58 @@ class Verification:
         self.log.close()
 
 
+ERROR_NAME = re.compile(r"([A-Za-z_][\w.]*): ")
+# The error a test cell shows for a verdict whose reason names no exception.
+STATUS_ERRORS = {"tampering": "Tampering", "lost": "LearnerProcessLost", "not run": "NotRun",
+                 "failed": "Failed", "timeout": "CellTimeoutError"}
+
+
+def _error_output(reason: str, status: str = "failed") -> dict:
+    named = ERROR_NAME.match(reason)  # "Name: message", as the verifier writes errors
+    ename = named.group(1) if named else STATUS_ERRORS.get(status, "Failed")
+    evalue = reason[named.end():] if named else reason
+    return nbformat.v4.new_output("error", ename=ename, evalue=evalue,
+                                  traceback=reason.splitlines() or [ename])
+
+
+def _verified_outputs(found: dict | None) -> list:
+    """A test cell's outputs on the feedback page: what it printed when the verifier ran it,
+    its error, and the points it earned."""
+    if found is None:
+        return [_error_output("NotVerified: this submission could not be verified, so this "
+                              "cell scores 0")]
+    outputs = []
+    if found["output"]:
+        outputs.append(nbformat.v4.new_output("stream", name="stdout", text=found["output"]))
+    if found["status"] != "passed":
+        outputs.append(_error_output(found["reason"] or found["status"], found["status"]))
+    outputs.append(nbformat.v4.new_output(
+        "stream", name="stdout", text=f"{VERIFIED_LINE} {found['points']:g} of "
+                                      f"{found['max_points']:g} points\n"))
+    return outputs
+
+
 def annotate(course: Course, chapter: str, student: str, verdict: dict | None) -> None:
-    """Say under each test cell of the autograded notebook (what the feedback page shows)
-    what the verification decided, and why a cell lost its points."""
+    """Put the verifier's run into the autograded notebook (what the feedback page shows),
+    in place of the outputs nbgrader left (it runs no cell): under each test cell what it
+    printed, its error and its points; under each of the learner's cells that raised or
+    was stopped, the error."""
     path = course.autograded_notebook(student, chapter)
     if not path.is_file():
         return
     nb = nbformat.read(path, as_version=4)
+    tests = test_cells(course, chapter)
     by_id = {c["grade_id"]: c for c in (verdict or {}).get("cells", [])}
-    for cell in nb.cells:
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if cell.cell_type != "code" or grade_id not in test_cells(course, chapter):
+    errors = {e["cell"]: e["error"] for e in (verdict or {}).get("learner_errors", [])}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
             continue
-        found = by_id.get(grade_id)
-        if found is None:
-            text = ("Graded again apart from your code: this submission could not be "
-                    "verified, so this cell scores 0.")
-        else:
-            text = (f"Graded again apart from your code: {found['points']:g} of "
-                    f"{found['max_points']:g} points"
-                    + (f". {found['reason']}" if found["status"] != "passed" else "."))
-        cell.outputs = [o for o in cell.get("outputs", [])
-                        if not (o.get("output_type") == "stream"
-                                and o.get("text", "").startswith("Graded again apart"))]
-        cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=text + "\n"))
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        label = grade_id or f"cell {index + 1}"  # as the verifier names the cells
+        if grade_id in tests:
+            cell.outputs = _verified_outputs(by_id.get(grade_id))
+        elif label in errors:
+            cell.outputs = [_error_output(errors[label])]
     nbformat.write(nb, path)
 
 

@@ -14,6 +14,7 @@ another chapter's points. solutions/kernels/ holds reference kernels, not an ass
 """
 
 import os
+import sys
 from pathlib import Path
 
 c = get_config()  # noqa: F821  (nbgrader defines get_config when it loads this file)
@@ -42,7 +43,41 @@ c.ClearSolutions.code_stub = {
 }
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE: replace this line with your answer."
 
-# Autograding runs every cell of a submission. A cell that runs longer than this is
+# `nbgrader autograde` runs none of a submission's cells: the verifier
+# (`python -m course.verify`, started by grader/instructor.py) runs them once, apart from
+# the test cells, and its points and outputs replace these (`apply_verdicts`, `annotate`).
+# In place of nbgrader's Execute, every autograded test cell gets an error output saying it
+# awaits the verifier, so that the score nbgrader records from the outputs is 0 until then:
+# a gradebook that never got the verifier's points holds no unearned ones.
+# Only nbgrader's own commands read this part (each has imported its converters by the time
+# it loads this file); `course grade` reads the file too, and is spared nbgrader's imports.
+if "nbgrader.converters" in sys.modules:
+    import nbformat
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+    from nbgrader.utils import is_grade, is_solution
+
+    class AwaitVerification(NbGraderPreprocessor):
+        """Each autograded test cell: an error output saying that it is not verified yet."""
+
+        def preprocess_cell(self, cell, resources, index):
+            if cell.cell_type == "code" and is_grade(cell) and not is_solution(cell):
+                cell.outputs = [nbformat.v4.new_output(
+                    "error", ename="NotVerified",
+                    evalue="scored 0 until the verifier grades this cell",
+                    traceback=["NotVerified: this cell scores 0 until `grader/instructor.py "
+                               "autograde` verifies the submission"])]
+            return cell, resources
+
+    _steps = Autograde.class_traits()["autograde_preprocessors"].default()
+    if Execute not in _steps:
+        raise RuntimeError("nbgrader's autograde no longer runs Execute: see what replaced it "
+                           "before grading with this configuration")
+    c.Autograde.autograde_preprocessors = [AwaitVerification if step is Execute else step
+                                           for step in _steps]
+
+# The time limit per cell of the verifier's runs and of `course grade` (the learner's own
+# grading, which reads this section). A cell that runs longer than this is
 # interrupted and recorded as an error, so a hanging kernel (an infinite loop in a kernel,
 # a deadlocked launch) costs that cell's points, not the whole grading run. The longest
 # legitimate cells are checkers compiling a dozen kernel variants and timing them on a GPU,
@@ -56,11 +91,10 @@ if not _timeout_setting.strip().isdigit() or int(_timeout_setting) <= 0:
 CELL_TIMEOUT_S = int(_timeout_setting)
 c.Execute.timeout = CELL_TIMEOUT_S
 c.Execute.interrupt_on_timeout = True
-# After the interrupt, the kernel has this long to stop and report. A cell that ignores the
-# interrupt (a GPU kernel that never returns holds the process inside CUDA, where Python's
-# SIGINT handler cannot run) makes nbgrader give up on the notebook: its kernel is killed,
-# the submission is not autograded, and `grader/instructor.py autograde` scores that
-# chapter 0 for that student. Other chapters are separate assignments and are unaffected.
+# After the interrupt, the kernel of `course grade` has this long to stop and report. A cell
+# that ignores the interrupt (a GPU kernel that never returns holds the process inside CUDA,
+# where Python's SIGINT handler cannot run) has its kernel killed; the verifier kills the
+# learner's process instead and runs the notebook again in a new one, past that cell.
 c.Execute.iopub_timeout = 10
 c.Execute.error_on_timeout = {
     "ename": "CellTimeoutError",

@@ -34,7 +34,6 @@ class Submission:
     replaced: dict[str, str] = field(default_factory=dict)  # exercise grade id -> code
     loses: tuple[str, ...] = ()      # test cells that must score 0
     reason: str = ""                 # in the first lost cell's error: why it lost
-    killed: bool = False             # nbgrader cannot finish it: the whole chapter scores 0
 
     @property
     def key(self) -> str:
@@ -172,12 +171,12 @@ def gpu_only_cells_of(root: Path, chapter: str) -> set[str]:
 def expected_points(course_root: Path, sub: Submission, *, gpu: bool = False
                     ) -> dict[str, float]:
     """grade id -> the exact points `sub` must get on each test cell of its chapter: full
-    points, except 0 on the cells it loses (all of them when nbgrader cannot finish it) and,
+    points, except 0 on the cells it loses and,
     without a GPU, on the cells that measure speed."""
     cells = graded_cells(course_root, sub.chapter)
     unknown = sorted(set(sub.loses) - set(cells))
     assert not unknown, f"{sub.key}: {sub.chapter} has no test cell {unknown}"
-    return {g: 0.0 if sub.killed or g in sub.loses or (not gpu and g in GPU_ONLY_CELLS)
+    return {g: 0.0 if g in sub.loses or (not gpu and g in GPU_ONLY_CELLS)
             else p for g, p in cells.items()}
 
 
@@ -357,8 +356,10 @@ SHORT_LIMIT_SUBMISSIONS = [
     Submission("mistakes_c", "ch02_roofline", "time_floor_us loops forever (interrupted)",
                {"ex02_roofline_functions_code": CH02_INFINITE_LOOP}, CH02_TESTS,
                "CellTimeoutError"),
-    Submission("mistakes_d", "ch02_roofline", "hangs and ignores the interrupt (killed)",
-               {"ex02_roofline_functions_code": CH02_IGNORES_INTERRUPT}, killed=True),
+    Submission("mistakes_d", "ch02_roofline",
+               "hangs and ignores the interrupt (its process is killed)",
+               {"ex02_roofline_functions_code": CH02_IGNORES_INTERRUPT}, CH02_TESTS,
+               "CellTimeoutError"),
 ]
 
 # Chapter 04: the adversarial Triton kernels, one per student above, so that each of those

@@ -5,11 +5,11 @@ The class (tests/grader_submissions.py, CH04_CHEATS) is one honest submission of
 04 and one per way of cheating from inside the notebook: the checkers replaced with
 setattr or in sys.modules, the comparisons replaced, the clocks patched, a result cached
 by the input's address, an exception swallowed with every error hidden, the course's own
-kernel called. Graded in one Python process with the test cells, most of them earn points
-(the test below shows nbgrader's own run passing the setattr one); graded by the verifier
-(course.verify), each scores 0 on what it targets, and says why, and the honest one keeps
-every correctness point. Interpreter mode: the bandwidth cell needs a GPU and scores 0 for
-everyone (the GPU run is in tests/test_grader.py).
+kernel called. Run in one Python process with the test cells, most of them would earn
+points; graded by the verifier (course.verify; nbgrader runs none of the cells), each scores
+0 on what it targets, and says why, and the honest one keeps every correctness point.
+Interpreter mode: the bandwidth cell needs a GPU and scores 0 for everyone (the GPU run is
+in tests/test_grader.py).
 """
 
 from __future__ import annotations
@@ -107,19 +107,25 @@ def test_each_cheat_scores_0_on_what_it_targets_and_says_why(graded, cheat):
     assert graded.scores[cheat.student] == 0.0
 
 
-def test_the_verifier_is_what_stopped_the_setattr_cheat(graded):
-    """nbgrader's own run of it passed every test cell (no error under any of them), the
-    bandwidth cell included: the checkers it called were the cheat's."""
-    notebook = nbformat.read(graded.root / "grader" / "autograded" / "setattr" / CHAPTER /
-                             f"{CHAPTER}.ipynb", as_version=4)
-    tests = [c for c in notebook.cells
-             if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") in
-             (*CH04_CORRECTNESS, CH04_BANDWIDTH)]
-    assert len(tests) == 3
-    for cell in tests:
-        assert not [o for o in cell.outputs if o.get("output_type") == "error"], cell.outputs
-        said = "".join(o.get("text", "") for o in cell.outputs)
-        assert "Graded again apart from your code: 0 of" in said and TAMPERING in said
+def test_the_feedback_notebook_holds_the_verifiers_run(graded):
+    """nbgrader runs none of the cells: under each test cell is what the verifier's run
+    printed and raised, and its points (the setattr cheat's checkers never ran there)."""
+    for student, status in (("setattr", "Tampering: "), ("honest", "cases pass")):
+        notebook = nbformat.read(graded.root / "grader" / "autograded" / student / CHAPTER /
+                                 f"{CHAPTER}.ipynb", as_version=4)
+        tests = {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells
+                 if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") in
+                 CH04_CORRECTNESS}
+        assert sorted(tests) == sorted(CH04_CORRECTNESS)
+        for cell in tests.values():
+            said = "".join(o.get("text", "") + f"{o.get('ename')}: {o.get('evalue')}"
+                           for o in cell.outputs)
+            assert "NotVerified" not in said and "Verified apart from your code: " in said
+            if student == "setattr":
+                assert status in said and TAMPERING in said and ": 0 of" in said, said
+        if student == "honest":
+            first = tests[CH04_CORRECTNESS[0]].outputs[0]
+            assert first["name"] == "stdout" and status in first["text"], first
 
 
 def test_autograde_says_which_submissions_tampered(graded):
@@ -133,7 +139,7 @@ def test_the_feedback_page_says_why_points_were_lost(graded):
     make(graded.root, "feedback", f"CHAPTERS={CHAPTER}")
     page = (graded.root / "grader" / "feedback" / "timer" / CHAPTER / f"{CHAPTER}.html")
     text = page.read_text()
-    assert "Graded again apart from your code" in text and "time.perf_counter" in text
+    assert "Verified apart from your code" in text and "time.perf_counter" in text
 
 
 def test_an_override_is_recorded_with_its_reason_and_reaches_the_grades(graded):
