@@ -579,18 +579,30 @@ def _nbgrader_autograde(course: Course, chapter: str, names: Sequence[str], *, f
     return graded, failed, log
 
 
-def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
+@dataclass
+class Started:
+    """A chapter's submissions recorded by nbgrader, their verifier started and waiting."""
+
+    chapter: str
+    names: list[str]
+    verification: Verification
+    verdicts: dict[str, dict | None]   # the current ones, for what is not verified again
+    graded: list[str]
+    failed: list[str]
+    log: Path
+
+
+def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
                   cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str]
-                  ) -> Graded:
-    """nbgrader autograde of `names` in `chapter` (one call, or one per student: it runs no
-    cell, see grader/nbgrader_config.py), then the verifier, which runs them; its outputs go
-    into the autograded notebooks, its points are not yet in the gradebook
-    (`apply_verdicts`)."""
+                  ) -> Started:
+    """The verifier of `names` in `chapter` started (it waits for `go`), and nbgrader
+    autograde of them (one call, or one per student), which runs no cell: see
+    grader/nbgrader_config.py. Nothing of a submission has run yet."""
     env = dict(GRADING_ENV)
     if cell_timeout_s is not None:
         env["GRADER_CELL_TIMEOUT_S"] = str(cell_timeout_s)
-    # The verifier starts now, its start (torch, the first learner's process) overlapping
-    # nbgrader's run.
+    # The verifier starts first, its start (torch, the first learner's process)
+    # overlapping nbgrader's run.
     verdicts = {student: current_verdict(course, chapter, student) for student in names}
     stale = [student for student in names if force or verdicts[student] is None]
     verification = Verification(course, chapter, stale,
@@ -602,11 +614,26 @@ def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: 
     except BaseException:
         verification.abort()
         raise
-    verdicts.update(verification.finish())
-    check_code_stamp(course, stamp, f"the verification of {chapter}")
-    for student in graded:  # nbgrader wrote each of these notebooks afresh
-        annotate(course, chapter, student, verdicts[student])
-    return Graded(graded, failed, verdicts, log)
+    return Started(chapter, list(names), verification, verdicts, graded, failed, log)
+
+
+def finish_chapter(course: Course, started: Started, stamp: dict[str, str]) -> Graded:
+    """Let the chapter's verifier run the submissions, and wait: its outputs go into the
+    autograded notebooks; its points are not yet in the gradebook (`apply_verdicts`)."""
+    verdicts = dict(started.verdicts, **started.verification.finish())
+    check_code_stamp(course, stamp, f"the verification of {started.chapter}")
+    for student in started.graded:  # nbgrader wrote each of these notebooks afresh
+        annotate(course, started.chapter, student, verdicts[student])
+    return Graded(started.graded, started.failed, verdicts, started.log)
+
+
+def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
+                  cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str]
+                  ) -> Graded:
+    """`start_chapter`, then `finish_chapter`."""
+    return finish_chapter(course, start_chapter(course, chapter, names, force=force,
+                                                cell_timeout_s=cell_timeout_s,
+                                                per_student=per_student, stamp=stamp), stamp)
 
 
 def autograde(course: Course, chapters: Sequence[str] | None = None,
@@ -629,16 +656,37 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
         return autograde_on_gpus(course, plan, gpus, force=force,
                                  cell_timeout_s=cell_timeout_s, say=say)
     stamp = code_stamp(course)
-    runs = []
-    for chapter, names in plan.todo.items():
-        say(f"{chapter}: autograding {len(names)} submission(s) ...")
-        start = time.perf_counter()
-        done = grade_chapter(course, chapter, names, force=force,
+    todo = list(plan.todo.items())
+
+    def start(index: int) -> Started:
+        chapter, names = todo[index]
+        return start_chapter(course, chapter, names, force=force,
                              cell_timeout_s=cell_timeout_s, per_student=plan.subset,
                              stamp=stamp)
+
+    runs = []
+    began = time.perf_counter()
+    current = start(0) if todo else None
+    for index, (chapter, names) in enumerate(todo):
+        say(f"{chapter}: autograding {len(names)} submission(s) ...")
+        current.verification.go()
+        # The next chapter's nbgrader and verifier start while this one's verifier runs:
+        # neither runs anything of a submission, nor anything on the GPU, until its `go`.
+        try:
+            following = start(index + 1) if index + 1 < len(todo) else None
+        except BaseException:
+            current.verification.abort()
+            raise
+        try:
+            done = finish_chapter(course, current, stamp)
+        except BaseException:
+            if following is not None:
+                following.verification.abort()
+            raise
         apply_verdicts(course, [chapter])
-        runs.append(report_chapter(course, plan, chapter, names, done,
-                                   time.perf_counter() - start, say))
+        now = time.perf_counter()
+        runs.append(report_chapter(course, plan, chapter, names, done, now - began, say))
+        current, began = following, now
     return runs
 
 
@@ -1307,14 +1355,20 @@ class Verification:
                                         stdin=subprocess.PIPE, stdout=self.log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 
-    def finish(self) -> dict[str, dict | None]:
-        """Let it verify, and wait: student -> verdict, None where it produced none (the
-        verifier was killed or failed: that submission then scores 0)."""
-        if self.process is None:
-            return {}
+    def go(self) -> None:
+        """Let it verify (once)."""
+        if self.process is None or self.process.stdin.closed:
+            return
         with contextlib.suppress(OSError):  # it may have died: then its verdicts are absent
             self.process.stdin.write(b"go\n")
             self.process.stdin.close()
+
+    def finish(self) -> dict[str, dict | None]:
+        """Let it verify if not yet told to, and wait: student -> verdict, None where it
+        produced none (the verifier was killed or failed: that submission then scores 0)."""
+        if self.process is None:
+            return {}
+        self.go()
         try:
             self.process.wait(timeout=self.limit)
         except subprocess.TimeoutExpired:

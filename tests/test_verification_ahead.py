@@ -102,3 +102,47 @@ def test_a_grading_stopped_during_nbgrader_leaves_no_verifier_and_no_verdict(set
     assert not ran.exists()
     assert instructor.current_verdict(course, CHAPTER, "alice") is None
     assert "stopped before it began" in (course.logs / f"verify_{CHAPTER}.log").read_text()
+
+
+SECOND = "ch98_small"
+
+
+def test_the_next_chapter_is_recorded_while_this_one_is_verified(setup):
+    """autograde runs the next chapter's nbgrader (and starts its verifier) while this
+    chapter's verifier runs, and that verifier runs nothing of its submission until this
+    chapter's points are in."""
+    instructor, course, submitted, ran, started = setup
+    shutil.copytree(course.root / "solutions" / CHAPTER, course.root / "solutions" / SECOND)
+    (course.root / "solutions" / SECOND / f"{CHAPTER}.ipynb").rename(
+        course.root / "solutions" / SECOND / f"{SECOND}.ipynb")
+    ran_second = ran.with_name("the second submission ran")
+    second = course.submitted / "alice" / SECOND / f"{SECOND}.ipynb"
+    second.parent.mkdir(parents=True)
+    nbformat.write(_notebook(f"import pathlib\npathlib.Path({str(ran_second)!r}).touch()\n"
+                             "def add(a, b):\n    return a + b\n"), second)
+    seen = []
+
+    def nbgrader(course, chapter, names, **_):
+        if chapter == SECOND:  # the first chapter's verifier was told to go, and runs
+            seen.append(("first told to go", started[0].process.stdin.closed))
+            seen.append(("second's verifier waits", started[1].process.poll() is None))
+        out = course.autograded_notebook("alice", chapter)
+        out.parent.mkdir(parents=True)
+        shutil.copy(course.submitted / "alice" / chapter / f"{chapter}.ipynb", out)
+        return list(names), [], course.logs / "autograde.log"
+
+    def points(course, chapters):
+        seen.append((f"points of {chapters[0]}", ran.exists(), ran_second.exists()))
+        return []
+
+    instructor._nbgrader_autograde = nbgrader
+    instructor.apply_verdicts = points
+    instructor.prepare = lambda *args, **kwargs: instructor.Plan(
+        {CHAPTER: ["alice"], SECOND: ["alice"]}, {}, "flags.csv", False)
+    runs = instructor.autograde(course, cell_timeout_s=60, say=lambda line: None)
+    assert seen == [("first told to go", True), ("second's verifier waits", True),
+                    (f"points of {CHAPTER}", True, False), (f"points of {SECOND}", True, True)]
+    assert [run.chapter for run in runs] == [CHAPTER, SECOND]
+    for chapter in (CHAPTER, SECOND):
+        verdict = instructor.current_verdict(course, chapter, "alice")
+        assert [(c["grade_id"], c["points"]) for c in verdict["cells"]] == [("ex01_add", 2)]
