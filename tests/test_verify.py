@@ -27,7 +27,7 @@ from course import check
 from course.check import sandbox
 from course.verify import protocol, proxy, tamper
 from course.verify.proxy import CellTimedOut, Learner, LearnerLost, LearnerProcess
-from course.verify.verifier import Verdict, course_imports, free_names, verify
+from course.verify.verifier import Verdict, course_imports, free_names, summary, verify
 
 import pytest
 import torch
@@ -486,6 +486,11 @@ def test_a_correct_submission_gets_every_point(tmp_path, source_path):
     verdict = _verify(tmp_path, source_path)
     assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 3}, verdict.to_json()
     assert verdict.tampering == [] and verdict.lost == []
+    # Every code cell's time, in notebook order (the unnamed first cell by its place).
+    assert [cell for cell, _ in verdict.cell_seconds] == \
+        ["cell 1", "ex01_add_code", "ex01_add", "ex02_mul_code", "ex02_mul"]
+    assert 0 < sum(s for _, s in verdict.cell_seconds) <= verdict.seconds
+    assert "slowest cells: " in summary(verdict)
 
 
 @pytest.mark.slow

@@ -88,6 +88,8 @@ class Verdict:
     learner_errors: list[dict] = field(default_factory=list)  # {cell, error}
     lost: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # [cell, seconds] for each code cell run, restarts included: where the time went
+    cell_seconds: list[list] = field(default_factory=list)
     version: int = VERDICT_VERSION
 
     @property
@@ -265,6 +267,7 @@ class _Run:
                 if _is_test(cell) and label in self.by_id:
                     self._score(label, "lost", "not run: " + self.verdict.lost[-1])
                 continue
+            began = time.perf_counter()
             try:
                 if _is_test(cell):
                     self._test_cell(index, cell, label)
@@ -282,6 +285,7 @@ class _Run:
                     alive = self._lost(index, cell, label)
             except LearnerLost:
                 alive = self._lost(index, cell, label)
+            self.verdict.cell_seconds.append([label, round(time.perf_counter() - began, 3)])
         self.learner.process.close()
 
     def _lost(self, index: int, cell, label: str) -> bool:
@@ -475,6 +479,9 @@ def summary(verdict: Verdict) -> str:
         lines.append(f"  {cell.grade_id:<40} {cell.points:g} / {cell.max_points:g}  "
                      f"{cell.status}" + (f": {cell.reason.splitlines()[0][:150]}"
                                          if cell.reason else ""))
+    slowest = sorted(verdict.cell_seconds, key=lambda row: -row[1])[:5]
+    if slowest:
+        lines.append("  slowest cells: " + ", ".join(f"{cell} {s:.1f} s" for cell, s in slowest))
     for found in verdict.tampering:
         lines.append(f"  TAMPERING in {found['cell']}: {'; '.join(found['changes'][:3])}")
     for why in verdict.lost:
