@@ -1426,15 +1426,17 @@ def _verified_outputs(found: dict | None) -> list:
 def annotate(course: Course, chapter: str, student: str, verdict: dict | None) -> None:
     """Put the verifier's run into the autograded notebook (what the feedback page shows),
     in place of the outputs nbgrader left (it runs no cell): under each test cell what it
-    printed, its error and its points; under each of the learner's cells that raised or
-    was stopped, the error."""
+    printed, its error and its points; under each of the learner's cells the end of what it
+    printed, and its error."""
     path = course.autograded_notebook(student, chapter)
     if not path.is_file():
         return
     nb = nbformat.read(path, as_version=4)
     tests = test_cells(course, chapter)
     by_id = {c["grade_id"]: c for c in (verdict or {}).get("cells", [])}
+    # A cell run again after a lost process appears twice: its last run is shown.
     errors = {e["cell"]: e["error"] for e in (verdict or {}).get("learner_errors", [])}
+    printed = {e["cell"]: e["output"] for e in (verdict or {}).get("learner_output", [])}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -1442,8 +1444,13 @@ def annotate(course: Course, chapter: str, student: str, verdict: dict | None) -
         label = grade_id or f"cell {index + 1}"  # as the verifier names the cells
         if grade_id in tests:
             cell.outputs = _verified_outputs(by_id.get(grade_id))
-        elif label in errors:
-            cell.outputs = [_error_output(errors[label])]
+            continue
+        cell.outputs = []
+        if label in printed:
+            cell.outputs.append(nbformat.v4.new_output("stream", name="stdout",
+                                                       text=printed[label]))
+        if label in errors:
+            cell.outputs.append(_error_output(errors[label]))
     nbformat.write(nb, path)
 
 

@@ -320,7 +320,7 @@ def test_nbgrader_runs_no_cell_and_records_0_until_the_verifier_grades(tmp_path)
     `instructor.py autograde`: the verifier runs it, and its points replace the zeros."""
     ran = tmp_path / "ran"
     code = (solutions(ROOT, "ch01_math")["ex01_torch_rmsnorm_code"]
-            + f"\nimport pathlib\npathlib.Path({str(ran)!r}).touch()\n")
+            + f"\nimport pathlib\npathlib.Path({str(ran)!r}).touch()\nprint('ran here')\n")
     sub = Submission("marks", "ch01_math", replaced={"ex01_torch_rmsnorm_code": code})
     root = prepared_course(tmp_path, [sub])
     done = instructor(root, "prepare")
@@ -339,6 +339,7 @@ def test_nbgrader_runs_no_cell_and_records_0_until_the_verifier_grades(tmp_path)
     assert ran.exists()
     assert gradebook_points(root, sub.student, sub.chapter) == expected_points(root, sub)
     printed = cell_outputs(autograded(root, sub.student, sub.chapter))
+    assert printed["ex01_torch_rmsnorm_code"] == "ran here\n"  # what the verifier's run printed
     assert "NotVerified" not in "".join(printed.values())
     assert all(f"Verified apart from your code: {p:g} of {p:g} points" in printed[g]
                for g, p in graded_cells(root, sub.chapter).items())

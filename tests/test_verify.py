@@ -559,6 +559,16 @@ def test_a_cell_that_kills_its_process_costs_its_own_exercise_only(tmp_path, sou
 
 
 @pytest.mark.slow
+def test_what_a_learners_cell_printed_comes_back_without_the_traceback(tmp_path, source_path):
+    code = 'print("defining add")\n' + ADD + "print(1 / 0)\n"
+    verdict = _verify(tmp_path, source_path, add_code=code)
+    assert _points(verdict) == {"ex01_add": 2, "ex02_mul": 3}
+    assert verdict.learner_output == [{"cell": "ex01_add_code", "output": "defining add\n"}]
+    assert [e["cell"] for e in verdict.learner_errors] == ["ex01_add_code"]
+    assert verdict.learner_errors[0]["error"].startswith("ZeroDivisionError: division by zero")
+
+
+@pytest.mark.slow
 def test_a_test_cell_after_a_lost_process_calls_the_new_one(tmp_path):
     """The second test cell reads `add` too, whose stand-in the first made: it must call
     the process started after the first one died, not report the dead one as lost."""

@@ -102,6 +102,9 @@ def _error(exc: BaseException) -> dict:
             "bases": bases}
 
 
+PRINTED_LIMIT = 4000  # characters of a cell's printed text sent back: its end
+
+
 class Server:
     """Answers the verifier's requests (see the module's text)."""
 
@@ -141,9 +144,20 @@ class Server:
     # ------------------------------------------------------------ cells and names
 
     def run_cell(self, message: dict) -> dict:
-        result = self.shell.run_cell(message["source"], store_history=False)
+        """Run one cell; the reply carries its error and the end of what it printed (for
+        the feedback page), without the shell's traceback: the error says it."""
+        from IPython.utils.capture import capture_output
+
+        quiet = lambda *args, **kwargs: None  # noqa: E731
+        self.shell.showtraceback = self.shell.showsyntaxerror = quiet
+        try:
+            with capture_output(display=False) as printed:
+                result = self.shell.run_cell(message["source"], store_history=False)
+        finally:
+            del self.shell.showtraceback, self.shell.showsyntaxerror
         exc = result.error_before_exec or result.error_in_exec
-        return {"error": _error(exc) if exc is not None else None}
+        return {"error": _error(exc) if exc is not None else None,
+                "output": (printed.stdout + printed.stderr)[-PRINTED_LIMIT:]}
 
     def describe(self, message: dict) -> dict:
         name = message["name"]

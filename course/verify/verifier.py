@@ -86,6 +86,7 @@ class Verdict:
     cells: list[CellVerdict] = field(default_factory=list)
     tampering: list[dict] = field(default_factory=list)   # {cell, changes}
     learner_errors: list[dict] = field(default_factory=list)  # {cell, error}
+    learner_output: list[dict] = field(default_factory=list)  # {cell, output}: what it printed
     lost: list[str] = field(default_factory=list)
     seconds: float = 0.0
     # [cell, seconds] for each code cell run, restarts included: where the time went
@@ -274,6 +275,9 @@ class _Run:
                 else:
                     self._deadline()
                     reply = self.learner.run_cell(cell.source, label)
+                    if reply.get("output"):
+                        self.verdict.learner_output.append(
+                            {"cell": label, "output": _trim(str(reply["output"]))})
                     if reply.get("error"):
                         self.verdict.learner_errors.append(
                             {"cell": label, "error": _error_text(reply["error"])})
