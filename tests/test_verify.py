@@ -10,6 +10,7 @@ tests/test_grader_trust.py.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import signal
@@ -222,15 +223,29 @@ def test_shared_directories_of_verifiers_that_are_gone_are_removed(tmp_path, mon
     ended.wait()
     orphaned = tmp_path / f"{proxy.SHARED_PREFIX}{ended.pid}-abc"
     alive = tmp_path / f"{proxy.SHARED_PREFIX}{os.getppid()}-abc"
+    # A verifier in another PID namespace: its pid means nothing here, its lock is held.
+    elsewhere = tmp_path / f"{proxy.SHARED_PREFIX}{ended.pid}-def"
+    # Just made elsewhere, not locked yet: too young to be taken for an orphan.
+    young = tmp_path / f"{proxy.SHARED_PREFIX}{ended.pid}-ghi"
     other = tmp_path / "someone-elses"
-    for path in (orphaned, alive, other):
+    for path in (orphaned, alive, elsewhere, young, other):
         path.mkdir()
         (path / "message-1").write_bytes(b"x")
+    old = time.time() - 10 * proxy.ORPHAN_AGE_S
+    for path in (orphaned, alive, elsewhere):
+        os.utime(path, (old, old))
+    held = os.open(elsewhere, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)
     made = proxy.make_shared_dir()
     try:
         assert made is not None and Path(made).parent == tmp_path
         assert Path(made).name.startswith(f"{proxy.SHARED_PREFIX}{os.getpid()}-")
-        assert not orphaned.exists() and alive.exists() and other.exists()
+        assert not orphaned.exists()
+        assert alive.exists() and elsewhere.exists() and young.exists() and other.exists()
+        assert proxy._lock(made) is None  # locked while this process may use it
+        os.close(held)  # that verifier is gone now: its directory goes at the next sweep
+        proxy._remove_orphaned_shared_dirs()
+        assert not elsewhere.exists() and young.exists() and Path(made).exists()
     finally:
         proxy.remove_shared_dir(made)
     assert not Path(made).exists()

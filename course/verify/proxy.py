@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -40,11 +41,30 @@ import torch
 INTERRUPT_GRACE_S = 10.0
 START_TIMEOUT_S = 300.0
 # Large messages travel through files in shared memory (course.verify.protocol), in a
-# directory per learner's process whose name holds this process's pid: a later verifier
-# removes those whose verifier is gone (killed, so it could not remove them itself).
+# directory per learner's process, named with this process's pid and locked (flock) by it
+# while it lives: a later verifier removes those whose verifier is gone (killed, so it could
+# not remove them itself). The lock tells where the pid cannot: a verifier in another PID
+# namespace sharing /dev/shm (containers) holds its directories' locks all the same.
 SHARED_ROOT = "/dev/shm"
 SHARED_PREFIX = "course-verify-"
-_shared_dirs: set[str] = set()  # made by this process and not yet removed
+# A directory this young is left alone even unlocked: its maker may not have locked it yet.
+ORPHAN_AGE_S = 10.0
+_shared_dirs: dict[str, int] = {}  # made by this process and not yet removed -> its lock
+
+
+def _lock(path: str) -> int | None:
+    """An exclusive lock on the directory at `path`, taken without waiting: its descriptor,
+    or None where another process holds it (or it is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _remove_orphaned_shared_dirs() -> None:
@@ -60,28 +80,45 @@ def _remove_orphaned_shared_dirs() -> None:
             continue
         try:
             os.kill(int(pid), 0)
+            continue  # its verifier is alive here
         except ProcessLookupError:
-            shutil.rmtree(os.path.join(SHARED_ROOT, name), ignore_errors=True)
-        except (PermissionError, OverflowError):  # alive (another user's), or no pid
             pass
+        except (PermissionError, OverflowError):  # alive (another user's), or no pid
+            continue
+        path = os.path.join(SHARED_ROOT, name)
+        fd = _lock(path)
+        if fd is None:  # locked: its verifier lives, in another PID namespace
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime > ORPHAN_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def make_shared_dir() -> str | None:
-    """A new directory in shared memory for one learner's process's message files; None
-    where there is none to be had (every message then goes through the pipes)."""
+    """A new directory in shared memory for one learner's process's message files, locked
+    by this process until `remove_shared_dir`; None where there is none to be had (every
+    message then goes through the pipes)."""
     _remove_orphaned_shared_dirs()
     try:
         path = tempfile.mkdtemp(dir=SHARED_ROOT, prefix=f"{SHARED_PREFIX}{os.getpid()}-")
     except OSError:
         return None
-    _shared_dirs.add(path)
+    fd = _lock(path)
+    if fd is None:
+        shutil.rmtree(path, ignore_errors=True)
+        return None
+    _shared_dirs[path] = fd
     return path
 
 
 def remove_shared_dir(path: str | None) -> None:
     if path is not None:
-        _shared_dirs.discard(path)
+        fd = _shared_dirs.pop(path, None)
         shutil.rmtree(path, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)  # the lock goes with it
 
 
 def _refused(exc: protocol.MessageRefused) -> str:
