@@ -8,18 +8,17 @@
     python grader/instructor.py grades [--out FILE]        # make grades
 
 nbgrader runs from grader/, so grader/nbgrader_config.py applies (paths, time limit per
-cell). Each chapter is its own assignment and is autograded by its own nbgrader call: a
-submission that crashes or hangs costs points in its chapter only. Autograding sets
-COURSE_GRADING=1 for the notebooks, so that a bandwidth cell fails without a GPU. The paths
-below come from the configuration, so the same commands work in a copy of the course (the
-tests use one).
+cell, and an autograde that runs no cell). Each chapter is its own assignment, recorded by
+its own nbgrader call, then run and graded by the verifier (course/verify/), where the
+submission's code runs in a process of its own and cannot reach the checks: a submission
+that crashes or hangs costs points in its own cells only. Grading sets COURSE_GRADING=1, so
+that a bandwidth cell fails without a GPU. The paths below come from the configuration, so
+the same commands work in a copy of the course (the tests use one).
 
-A submission's code runs in the same Python process as the checkers, so it can defeat them
-(grader/README.md, "What the grader cannot prevent"). Two things here narrow that: collect
-copies only the notebook, never files beside it (which the notebook could import in place of
-the course's modules), and autograde runs the integrity scan of course/grade.py on every
-submission and reports what it flags, per submission and in grader/grades_integrity.csv,
-for the instructor to review.
+Two more things narrow what a submission can do (grader/README.md, "Grading out of the
+learner's reach"): collect copies only the notebook, never files beside it, and autograde
+runs the integrity scan of course/grade.py on every submission and reports what it flags,
+per submission and in grader/grades_integrity.csv, for the instructor to review.
 """
 
 from __future__ import annotations
@@ -1728,8 +1727,9 @@ def build_parser() -> argparse.ArgumentParser:
     collect_step = steps.add_parser("collect", help="import FOLDER/<student>/<chapter>/"
                                                     "<chapter>.ipynb into grader/submitted/")
     collect_step.add_argument("folder", type=Path)
-    grade_step = steps.add_parser("autograde", help="autograde collected submissions, one "
-                                                    "nbgrader run per chapter")
+    grade_step = steps.add_parser("autograde", help="autograde collected submissions: "
+                                                    "recorded by nbgrader, run and graded by "
+                                                    "the verifier")
     grade_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
     grade_step.add_argument("--students", default="", help="comma-separated (default: all)")
     grade_step.add_argument("--force", action="store_true",
