@@ -59,9 +59,9 @@ from traitlets.config.loader import PyFileConfigLoader  # noqa: E402
 GRADER_DIR = Path(__file__).resolve().parent
 ROOT = GRADER_DIR.parent
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")
-# nbgrader logs this line for every submission it could not finish.
 # The line under each test cell of the feedback that gives the verified points.
 VERIFIED_LINE = "Verified apart from your code:"
+# nbgrader logs this line for every submission it could not process.
 FAILED_LINE = re.compile(r"There was an error processing assignment '([^']+)' for student "
                          r"'([^']+)'")
 # What collect copies from a submission's chapter folder: the notebook, and nbgrader's record
@@ -325,10 +325,11 @@ def extra_files(submission_dir: Path, chapter: str) -> list[str]:
 # ---------------------------------------------------------------- integrity scan
 
 
-def _scan_module():
+def _course_grade():
     """course/grade.py of the installed course package, loaded from its file: the scan lives
-    there (`course grade` runs it for learners), and loading the file alone does not import
-    the `course` package, which would start torch and pick a Triton mode in this process."""
+    there (`course grade` runs it for learners), and so does `prepare`, the notebook as the
+    verifier runs it. Loading the file alone does not import the `course` package, which
+    would start torch and pick a Triton mode in this process."""
     loaded = sys.modules.get("course_grade_scan")
     if loaded is not None:
         return loaded
@@ -358,7 +359,7 @@ def integrity_flags(course: Course, student: str, chapter: str) -> list:
     """The integrity scan of a collected submission against its chapter's source notebook:
     the learner's own code that does what a solution should not need to (course/grade.py
     says what it looks for). Nothing is scored from it: a person reviews the flags."""
-    scan = _scan_module()
+    scan = _course_grade()
     notebook = course.submitted / student / chapter / f"{chapter}.ipynb"
     source = course.root / "solutions" / chapter / f"{chapter}.ipynb"
     try:
@@ -583,7 +584,6 @@ class Started:
     """A chapter's submissions recorded by nbgrader, their verifier started and waiting."""
 
     chapter: str
-    names: list[str]
     verification: Verification
     verdicts: dict[str, dict | None]   # the current ones, for what is not verified again
     graded: list[str]
@@ -613,7 +613,7 @@ def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: 
     except BaseException:
         verification.abort()
         raise
-    return Started(chapter, list(names), verification, verdicts, graded, failed, log)
+    return Started(chapter, verification, verdicts, graded, failed, log)
 
 
 def finish_chapter(course: Course, started: Started, stamp: dict[str, str]) -> Graded:
@@ -621,7 +621,7 @@ def finish_chapter(course: Course, started: Started, stamp: dict[str, str]) -> G
     autograded notebooks; its points are not yet in the gradebook (`apply_verdicts`)."""
     verdicts = dict(started.verdicts, **started.verification.finish())
     check_code_stamp(course, stamp, f"the verification of {started.chapter}")
-    for student in started.graded:  # nbgrader wrote each of these notebooks afresh
+    for student in started.graded:  # nbgrader's notebook, written now or in an earlier run
         annotate(course, started.chapter, student, verdicts[student])
     return Graded(started.graded, started.failed, verdicts, started.log)
 
@@ -671,11 +671,11 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
         current.verification.go()
         # The next chapter's nbgrader and verifier start while this one's verifier runs:
         # neither runs anything of a submission, nor anything on the GPU, until its `go`.
+        following, stopped = None, None
         try:
             following = start(index + 1) if index + 1 < len(todo) else None
-        except BaseException:
-            current.verification.abort()
-            raise
+        except Exception as exc:  # this chapter, already running, is finished first
+            stopped = exc
         try:
             done = finish_chapter(course, current, stamp)
         except BaseException:
@@ -685,6 +685,8 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
         apply_verdicts(course, [chapter])
         now = time.perf_counter()
         runs.append(report_chapter(course, plan, chapter, names, done, now - began, say))
+        if stopped is not None:
+            raise stopped
         current, began = following, now
     return runs
 
@@ -701,7 +703,7 @@ def report_chapter(course: Course, plan: Plan, chapter: str, names: Sequence[str
         f"by nbgrader, in {seconds:.0f} s (log: {shown_log})")
     for student in done.failed:
         say(f"  {student}: NOT GRADED by nbgrader: it could not process the notebook (see "
-            "the log); its autograded notebook is missing and the chapter scores 0")
+            "the log), so there is no feedback page; its points are the verifier's alone")
     for student in names:
         if student in done.verdicts:
             for line in verdict_lines(done.verdicts[student], student):
@@ -1010,14 +1012,13 @@ def configured_timeout(course: Course) -> int:
 
 # ---------------------------------------------------------------- verification
 #
-# nbgrader's scores come from test cells that ran in the same Python process as the
-# learner's code, which can change what they call. Every submission nbgrader grades is
-# therefore graded again by `python -m course.verify`: its cells run in a process of their
-# own and the course's test cells in another, where nothing of the learner's runs; the
-# points that one decides replace nbgrader's for every autograded test cell. A submission
-# caught changing what the checks rely on scores 0 from that point on. The verdicts are
-# kept under grader/verified/, and the instructor's overrides in grader/overrides.csv; both
-# are applied to the gradebook after each autograde and before feedback and export.
+# The points come from `python -m course.verify`: the submission's cells run in a process of
+# their own and the course's test cells in another, where nothing of the learner's runs
+# (nbgrader, which would run them beside the learner's code, runs none: it records each
+# test cell at 0, grader/nbgrader_config.py). A submission caught changing what the checks
+# rely on scores 0 from that point on. The verdicts are kept under grader/verified/, and the
+# instructor's overrides in grader/overrides.csv; both are applied to the gradebook after
+# each autograde and before feedback and export.
 
 VERIFIED = "verified"
 OVERRIDES_CSV = "overrides.csv"
@@ -1327,7 +1328,7 @@ def _verify_timeout(course: Course, chapter: str, cell_timeout_s: int) -> float:
 class Verification:
     """The verifier on collected submissions of one chapter (one process for all, each
     submission's code in a process of its own), started ahead: it imports and starts the
-    first learner's process while nbgrader runs the chapter, then waits for `finish()`
+    first learner's process while nbgrader runs the chapter, then waits for `go()`
     before it runs any submission (nothing of it runs on the GPU meanwhile)."""
 
     def __init__(self, course: Course, chapter: str, students: Sequence[str],
@@ -1431,18 +1432,28 @@ def annotate(course: Course, chapter: str, student: str, verdict: dict | None) -
     if not path.is_file():
         return
     nb = nbformat.read(path, as_version=4)
+    # The cells as the verifier ran and named them: the same cells, in the same order (the
+    # autograded notebook's own names where that could not be had).
+    submitted = course.submitted / student / chapter / f"{chapter}.ipynb"
+    try:
+        ran = _course_grade().prepare(nbformat.read(submitted, as_version=4),
+                                      nbformat.read(_source(course, chapter), as_version=4)).cells
+    except Exception:  # not readable here: the autograded notebook names its own cells
+        ran = nb.cells
+    if len(ran) != len(nb.cells):
+        ran = nb.cells
     tests = test_cells(course, chapter)
     by_id = {c["grade_id"]: c for c in (verdict or {}).get("cells", [])}
     # A cell run again after a lost process appears twice: its last run is shown.
     errors = {e["cell"]: e["error"] for e in (verdict or {}).get("learner_errors", [])}
     printed = {e["cell"]: e["output"] for e in (verdict or {}).get("learner_output", [])}
-    for index, cell in enumerate(nb.cells):
+    for index, (cell, as_run) in enumerate(zip(nb.cells, ran, strict=True)):
         if cell.cell_type != "code":
             continue
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        label = grade_id or f"cell {index + 1}"  # as the verifier names the cells
-        if grade_id in tests:
-            cell.outputs = _verified_outputs(by_id.get(grade_id))
+        meta = as_run.get("metadata", {}).get("nbgrader", {})
+        label = meta.get("grade_id") or f"cell {index + 1}"  # as the verifier names cells
+        if meta.get("grade") and not meta.get("solution") and label in tests:
+            cell.outputs = _verified_outputs(by_id.get(label))
             continue
         cell.outputs = []
         if label in printed:

@@ -14,7 +14,6 @@ another chapter's points. solutions/kernels/ holds reference kernels, not an ass
 """
 
 import os
-import sys
 from pathlib import Path
 
 c = get_config()  # noqa: F821  (nbgrader defines get_config when it loads this file)
@@ -47,16 +46,16 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE: replace this line with your answ
 # (`python -m course.verify`, started by grader/instructor.py) runs them once, apart from
 # the test cells, and its points and outputs replace these (`apply_verdicts`, `annotate`).
 # In place of nbgrader's Execute, every autograded test cell gets an error output saying it
-# awaits the verifier, so that the score nbgrader records from the outputs is 0 until then:
-# a gradebook that never got the verifier's points holds no unearned ones.
-# Only nbgrader's own commands read this part (each has imported its converters by the time
-# it loads this file); `course grade` reads the file too, and is spared nbgrader's imports.
-if "nbgrader.converters" in sys.modules:
+# awaits the verifier, so that the score nbgrader records from the outputs is 0 until then
+# (every export, feedback and merge puts the verified points in first).
+try:
     import nbformat
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute, NbGraderPreprocessor
     from nbgrader.utils import is_grade, is_solution
-
+except ImportError:  # the Jupyter stack is missing: nbgrader itself says so
+    pass
+else:
     class AwaitVerification(NbGraderPreprocessor):
         """Each autograded test cell: an error output saying that it is not verified yet."""
 
@@ -69,12 +68,10 @@ if "nbgrader.converters" in sys.modules:
                                "autograde` verifies the submission"])]
             return cell, resources
 
-    _steps = Autograde.class_traits()["autograde_preprocessors"].default()
-    if Execute not in _steps:
-        raise RuntimeError("nbgrader's autograde no longer runs Execute: see what replaced it "
-                           "before grading with this configuration")
-    c.Autograde.autograde_preprocessors = [AwaitVerification if step is Execute else step
-                                           for step in _steps]
+    # First, before nbgrader records any score from the outputs.
+    c.Autograde.autograde_preprocessors = [AwaitVerification] + [
+        step for step in Autograde.class_traits()["autograde_preprocessors"].default()
+        if step is not Execute]
 
 # The time limit per cell of the verifier's runs and of `course grade` (the learner's own
 # grading, which reads this section). A cell that runs longer than this is
@@ -106,9 +103,9 @@ c.Execute.error_on_timeout = {
     ],
 }
 
-# How the notebooks' kernels are started, by nbgrader and by `course grade` (which reads this
-# section too). Over plain TCP, ipykernel warns on the stderr of every kernel ("Kernel is
-# running over TCP without encryption"), into every submission's log and every learner's
+# How the notebooks' kernels are started, by `course grade` (which reads this section) and
+# by nbgrader wherever it runs a notebook. Over plain TCP, ipykernel warns on the stderr of
+# every kernel ("Kernel is running over TCP without encryption"), into every learner's
 # terminal, about nothing they did. With CurveZMQ, which pyzmq's wheels include, the kernel
 # manager gives each kernel its own keys and the messages are encrypted; the kernelspec of
 # ipykernel declares support for it ("auto" uses it only then). Older jupyter_client

@@ -346,6 +346,45 @@ def test_nbgrader_runs_no_cell_and_records_0_until_the_verifier_grades(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_notebook_nbgrader_cannot_process_gets_the_verifiers_points_and_is_named(tmp_path):
+    """One notebook with a cell marked as graded under a grade id the course does not have
+    (nbgrader refuses it), and one with a cell of the learner's own that raises: the first
+    is named, exits 1, and still gets the verifier's points; the second's error is under
+    its own cell on the feedback notebook."""
+    chapter = "ch01_math"
+    subs = [Submission("bogus", chapter), Submission("added", chapter)]
+    root = copy_course(ROOT, tmp_path / "course", (chapter,))
+    release(root)
+    write_inbox(root, tmp_path / "inbox", subs)
+
+    def edit(student: str, cell) -> int:
+        path = tmp_path / "inbox" / student / chapter / f"{chapter}.ipynb"
+        nb = nbformat.read(path, as_version=4)
+        nb.cells.append(cell)
+        nbformat.write(nb, path)
+        return len(nb.cells) - 1
+
+    bogus = nbformat.v4.new_code_cell("x = 1")
+    bogus.metadata["nbgrader"] = {"grade": True, "grade_id": "not_the_courses", "points": 1,
+                                  "solution": False, "locked": False, "schema_version": 3}
+    edit("bogus", bogus)
+    added = edit("added", nbformat.v4.new_code_cell("print('before')\n"
+                                                    "raise ValueError('my own cell')"))
+    assert instructor(root, "collect", str(tmp_path / "inbox")).returncode == 0
+    done = instructor(root, "autograde", "--cell-timeout", str(LONG_TIMEOUT_S))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ("  bogus: NOT GRADED by nbgrader: it could not process the notebook (see the log)"
+            in done.stdout), done.stdout
+    assert not autograded(root, "bogus", chapter).exists()
+    for sub in subs:
+        assert gradebook_points(root, sub.student, chapter) == expected_points(root, sub)
+    cell = nbformat.read(autograded(root, "added", chapter), as_version=4).cells[added]
+    assert [(o.output_type, o.get("text"), o.get("ename")) for o in cell.outputs] == \
+        [("stream", "before\n", None), ("error", None, "ValueError")]
+    assert cell.outputs[1].evalue.startswith("my own cell (at ")  # and the line that raised
+
+
+@pytest.mark.slow
 @interpreter_only
 def test_grades_csv_has_every_student_and_chapter_with_exact_scores(graded):
     done = instructor(graded.root, "grades")

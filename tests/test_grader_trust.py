@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,8 @@ def test_the_feedback_notebook_holds_the_verifiers_run(graded):
             assert "NotVerified" not in said and "Verified apart from your code: " in said
             if student == "setattr":
                 assert status in said and TAMPERING in said and ": 0 of" in said, said
+            else:  # every point of the cell
+                assert re.search(r"your code: (\d+) of \1 points", said), said
         if student == "honest":
             first = tests[CH04_CORRECTNESS[0]].outputs[0]
             assert first["name"] == "stdout" and status in first["text"], first

@@ -107,14 +107,27 @@ def test_a_grading_stopped_during_nbgrader_leaves_no_verifier_and_no_verdict(set
 SECOND = "ch98_small"
 
 
+def _second_chapter(course) -> None:
+    """A copy of the chapter, under another name."""
+    shutil.copytree(course.root / "solutions" / CHAPTER, course.root / "solutions" / SECOND)
+    (course.root / "solutions" / SECOND / f"{CHAPTER}.ipynb").rename(
+        course.root / "solutions" / SECOND / f"{SECOND}.ipynb")
+
+
 def test_the_next_chapter_is_recorded_while_this_one_is_verified(setup):
     """autograde runs the next chapter's nbgrader (and starts its verifier) while this
     chapter's verifier runs, and that verifier runs nothing of its submission until this
     chapter's points are in."""
     instructor, course, submitted, ran, started = setup
-    shutil.copytree(course.root / "solutions" / CHAPTER, course.root / "solutions" / SECOND)
-    (course.root / "solutions" / SECOND / f"{CHAPTER}.ipynb").rename(
-        course.root / "solutions" / SECOND / f"{SECOND}.ipynb")
+    # The first submission's code waits until the second chapter's nbgrader has run: graded
+    # one chapter after the other, it would give up and define nothing.
+    recorded = ran.with_name("the second chapter was recorded")
+    nbformat.write(_notebook(
+        f"import pathlib, time\nfor _ in range(300):\n"
+        f"    if pathlib.Path({str(recorded)!r}).exists():\n        break\n"
+        f"    time.sleep(0.1)\nelse:\n    raise RuntimeError('not overlapped')\n"
+        f"pathlib.Path({str(ran)!r}).touch()\ndef add(a, b):\n    return a + b\n"), submitted)
+    _second_chapter(course)
     ran_second = ran.with_name("the second submission ran")
     second = course.submitted / "alice" / SECOND / f"{SECOND}.ipynb"
     second.parent.mkdir(parents=True)
@@ -126,6 +139,7 @@ def test_the_next_chapter_is_recorded_while_this_one_is_verified(setup):
         if chapter == SECOND:  # the first chapter's verifier was told to go, and runs
             seen.append(("first told to go", started[0].process.stdin.closed))
             seen.append(("second's verifier waits", started[1].process.poll() is None))
+            recorded.touch()
         out = course.autograded_notebook("alice", chapter)
         out.parent.mkdir(parents=True)
         shutil.copy(course.submitted / "alice" / chapter / f"{chapter}.ipynb", out)
@@ -146,3 +160,28 @@ def test_the_next_chapter_is_recorded_while_this_one_is_verified(setup):
     for chapter in (CHAPTER, SECOND):
         verdict = instructor.current_verdict(course, chapter, "alice")
         assert [(c["grade_id"], c["points"]) for c in verdict["cells"]] == [("ex01_add", 2)]
+
+
+def test_a_next_chapter_that_cannot_be_recorded_lets_this_one_finish_first(setup):
+    instructor, course, submitted, ran, started = setup
+    _second_chapter(course)
+    applied = []
+
+    def nbgrader(course, chapter, names, **_):
+        if chapter == SECOND:
+            raise instructor.GraderError("nbgrader stopped")
+        out = course.autograded_notebook("alice", chapter)
+        out.parent.mkdir(parents=True)
+        shutil.copy(submitted, out)
+        return list(names), [], course.logs / "autograde.log"
+
+    instructor._nbgrader_autograde = nbgrader
+    instructor.apply_verdicts = lambda course, chapters: applied.extend(chapters)
+    instructor.prepare = lambda *args, **kwargs: instructor.Plan(
+        {CHAPTER: ["alice"], SECOND: ["alice"]}, {}, "flags.csv", False)
+    with pytest.raises(instructor.GraderError, match="nbgrader stopped"):
+        instructor.autograde(course, cell_timeout_s=60, say=lambda line: None)
+    assert applied == [CHAPTER] and ran.exists()
+    verdict = instructor.current_verdict(course, CHAPTER, "alice")
+    assert [(c["grade_id"], c["points"]) for c in verdict["cells"]] == [("ex01_add", 2)]
+    assert len(started) == 2 and started[1].process.poll() is not None  # stopped, reaped

@@ -64,6 +64,7 @@ MAX_RESTARTS = 2
 OUTPUT_LIMIT = 4000
 # Modules a test cell may name without importing them, bound to this process's own.
 SHARED_MODULES = ("torch", "triton", "triton.language", "numpy", "math")
+_UNBOUND = object()  # a stand-in still to be made again for the next test cell
 
 
 @dataclass
@@ -316,11 +317,13 @@ class _Run:
         made afresh for each test cell (with those an earlier one made, which its functions
         may read): an earlier cell's may call a process since replaced, or show a value
         since changed."""
+        # Not since assigned by a test cell (one left unbound by a lost process stays due).
         earlier = [name for name, bound in self.bound.items()
-                   if self.namespace.get(name) is bound]  # not since assigned by a test cell
+                   if (name not in self.namespace if bound is _UNBOUND
+                       else self.namespace.get(name) is bound)]
         for name in earlier:
-            del self.namespace[name]
-        self.bound = {}
+            self.namespace.pop(name, None)
+        self.bound = dict.fromkeys(earlier, _UNBOUND)
         for name in dict.fromkeys(earlier + free_names(source)):
             if name in self.namespace or hasattr(builtins, name):
                 continue
@@ -338,6 +341,8 @@ class _Run:
                 self.namespace[name] = type(found["type"], (LearnerObject,), {})()
             if name in self.namespace:
                 self.bound[name] = self.namespace[name]
+            else:  # the learner's process has no such name now
+                self.bound.pop(name, None)
 
     def _checked_cell(self, index: int, cell, label: str) -> None:
         output = io.StringIO()
