@@ -609,6 +609,14 @@ def test_a_function_that_hangs_is_stopped_at_the_time_limit(tmp_path, source_pat
 
 
 @pytest.mark.slow
+def test_a_learners_cell_that_hangs_is_stopped_and_says_so(tmp_path, source_path):
+    verdict = _verify(tmp_path, source_path, add_code="while True:\n    pass\n" + ADD, timeout=5)
+    assert _points(verdict) == {"ex01_add": 0, "ex02_mul": 3}
+    assert verdict.learner_errors[0] == {"cell": "ex01_add_code",
+                                         "error": "CellTimeoutError: stopped after 5 s"}
+
+
+@pytest.mark.slow
 def test_a_fixed_seed_in_a_test_cell_cannot_be_predicted(tmp_path, source_path):
     guess = ("import torch\n_known = torch.randn(4, generator=torch.Generator().manual_seed(7))"
              "\ndef mul(a, b):\n    return _known if isinstance(a, torch.Tensor) else a * b\n")

@@ -285,7 +285,8 @@ class _Run:
                     self._note_tampering(index, label)
             except CellTimedOut:
                 self.verdict.learner_errors.append(
-                    {"cell": label, "error": f"stopped after {self.cell_timeout_s} s"})
+                    {"cell": label,
+                     "error": f"CellTimeoutError: stopped after {self.cell_timeout_s} s"})
                 if self.learner.process.lost is not None:
                     alive = self._lost(index, cell, label)
             except LearnerLost:
