@@ -15,7 +15,7 @@ from triton import next_power_of_2
 
 from solutions.kernels.gpus import GpuProperties
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, Rows, Variant
-from solutions.kernels.sibling_sync import next_power_of_2_split, split_fits
+from solutions.kernels.sibling_sync import next_power_of_2_split
 
 VALUES_A_THREAD = 16  # rows path: enough warps that a thread holds about this many values
 LATENCY_S = 600e-9  # a load's round trip to HBM: bytes in flight = bandwidth x latency
@@ -73,8 +73,7 @@ def long_rows(rows: Rows) -> ForwardPlan:
         loop_block = min(loop_block, register_block(gpu, rows.op))
     split = next_power_of_2_split(rows.N, SPLIT_BLOCK)
     fits_l2 = gpu.sms * rows.N * rows.element_size <= gpu.l2_bytes // 2
-    if (rows.block_n <= loop_block and fits_l2) or not gpu.concurrent or not split_fits(
-            split, gpu.sms):
+    if (rows.block_n <= loop_block and fits_l2) or not gpu.runs_split(split):
         return ForwardPlan(path="loop", block_n=min(rows.block_n, loop_block), num_warps=32,
                            programs=gpu.sms, out_block=min(rows.block_n, SECOND_BLOCK))
     two_an_sm = gpu.registers_per_sm // (2 * 32 * SPLIT_WARPS)  # registers a thread
@@ -96,7 +95,7 @@ def fused_add_long_rows(rows: Rows) -> ForwardPlan:
     """The fused add's rows too long for registers: split, or the loop path where the split
     cannot run (docs/launch-rules.md#fused-add-long-rows)."""
     plan = residual_split_plan(rows.N)
-    if rows.gpu.concurrent and split_fits(plan.split, rows.gpu.sms):
+    if rows.gpu.runs_split(plan.split):
         return plan
     return ForwardPlan(path="loop", block_n=4096, num_warps=8, programs=rows.gpu.sms)
 
@@ -130,7 +129,7 @@ def backward_split(rows: Rows) -> BackwardPlan | None:
     """Longer rows: programs of 4096 columns on 4 warps share a row, two programs an SM,
     where they can all run at once (docs/launch-rules.md#backward-split)."""
     split = next_power_of_2_split(rows.N, 4096)
-    if not (rows.gpu.concurrent and split_fits(split, rows.gpu.sms)):
+    if not rows.gpu.runs_split(split):
         return None
     return BackwardPlan(path="split", block_n=4096, num_warps=4, split=split,
                         programs=max(1, min(rows.M, 2 * rows.gpu.sms // split)))

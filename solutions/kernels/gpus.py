@@ -11,6 +11,8 @@ from course import hardware
 
 import torch
 
+from solutions.kernels.sibling_sync import split_fits
+
 
 @dataclass(frozen=True, kw_only=True)
 class GpuProperties:
@@ -24,6 +26,12 @@ class GpuProperties:
     shared_memory_per_sm: int = 228 * 1024
     max_warps_per_sm: int = 64
     concurrent: bool = True  # programs run at once (not in the interpreter: split never runs)
+
+    def runs_split(self, split: int) -> bool:
+        """Whether a row split over `split` programs can run here: its programs all at once
+        (`sibling_sync.split_fits`), which the interpreter, running them one by one, never
+        does."""
+        return self.concurrent and split_fits(split, self.sms)
 
 
 def _datasheet(short: str, sms: int, shared_kb: int, max_warps: int) -> GpuProperties:

@@ -80,7 +80,7 @@ def backward_plan(M: int, N: int, device: torch.device, *, dtype: torch.dtype = 
                       gpu or gpu_properties(device)))
 
 
-@functools.lru_cache(maxsize=4096)  # the wrappers ask on every call
+@functools.lru_cache(maxsize=4096)  # asked again where a wrapper keeps no launch, and by sweeps
 def _plan(rows: Rows) -> ForwardPlan | BackwardPlan:
     """The first plan the op's rules give, a forward's tiles no taller than M needs."""
     rules = BACKWARD_RULES.get(rows.op) or FORWARD_RULES[rows.op]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, Rows
-from solutions.kernels.sibling_sync import next_power_of_2_split, split_fits
+from solutions.kernels.sibling_sync import next_power_of_2_split
 
 PLANS = Path(__file__).with_name("plans")  # the measured tables, one file per GPU
 
@@ -41,7 +41,7 @@ class Measured:
         sms, path = rows.gpu.sms, self.plan["path"]
         split = (self.plan.get("split") or next_power_of_2_split(rows.N, self.plan["block_n"])
                  if path == "split" else 1)
-        if path == "split" and not (rows.gpu.concurrent and split_fits(split, sms)):
+        if path == "split" and not rows.gpu.runs_split(split):
             return None  # its programs could not all run at once here (a smaller part)
         if "backward" not in rows.op:
             return ForwardPlan(**self.plan)
