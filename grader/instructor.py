@@ -1041,7 +1041,10 @@ def _source(course: Course, chapter: str) -> Path:
 
 def test_cells(course: Course, chapter: str) -> dict[str, float]:
     """grade id -> points of each autograded test cell of `chapter`, from its source."""
-    nb = nbformat.read(_source(course, chapter), as_version=4)
+    return _test_cells_of(nbformat.read(_source(course, chapter), as_version=4))
+
+
+def _test_cells_of(nb) -> dict[str, float]:
     found = {}
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -1435,14 +1438,14 @@ def annotate(course: Course, chapter: str, student: str, verdict: dict | None) -
     # The cells as the verifier ran and named them: the same cells, in the same order (the
     # autograded notebook's own names where that could not be had).
     submitted = course.submitted / student / chapter / f"{chapter}.ipynb"
+    source = nbformat.read(_source(course, chapter), as_version=4)
     try:
-        ran = _course_grade().prepare(nbformat.read(submitted, as_version=4),
-                                      nbformat.read(_source(course, chapter), as_version=4)).cells
+        ran = _course_grade().prepare(nbformat.read(submitted, as_version=4), source).cells
     except Exception:  # not readable here: the autograded notebook names its own cells
         ran = nb.cells
     if len(ran) != len(nb.cells):
         ran = nb.cells
-    tests = test_cells(course, chapter)
+    tests = _test_cells_of(source)
     by_id = {c["grade_id"]: c for c in (verdict or {}).get("cells", [])}
     # A cell run again after a lost process appears twice: its last run is shown.
     errors = {e["cell"]: e["error"] for e in (verdict or {}).get("learner_errors", [])}

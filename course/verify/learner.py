@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import io
 import itertools
 import os
 import signal
@@ -102,9 +103,6 @@ def _error(exc: BaseException) -> dict:
             "bases": bases}
 
 
-PRINTED_LIMIT = 4000  # characters of a cell's printed text sent back: its end
-
-
 class Server:
     """Answers the verifier's requests (see the module's text)."""
 
@@ -115,6 +113,8 @@ class Server:
         config = Config()
         config.HistoryManager.enabled = False
         self.shell = InteractiveShell.instance(config=config)
+        # A cell's error travels in the reply (run_cell): the shell prints no traceback.
+        self.shell.showtraceback = self.shell.showsyntaxerror = lambda *args, **kwargs: None
         self.storages: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
         self.outputs: collections.deque = collections.deque(maxlen=KEEP_OUTPUTS)
         self.forwards: collections.OrderedDict[int, _Forward] = collections.OrderedDict()
@@ -146,18 +146,12 @@ class Server:
     def run_cell(self, message: dict) -> dict:
         """Run one cell; the reply carries its error and the end of what it printed (for
         the feedback page), without the shell's traceback: the error says it."""
-        from IPython.utils.capture import capture_output
-
-        quiet = lambda *args, **kwargs: None  # noqa: E731
-        self.shell.showtraceback = self.shell.showsyntaxerror = quiet
-        try:
-            with capture_output(display=False) as printed:
-                result = self.shell.run_cell(message["source"], store_history=False)
-        finally:
-            del self.shell.showtraceback, self.shell.showsyntaxerror
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            result = self.shell.run_cell(message["source"], store_history=False)
         exc = result.error_before_exec or result.error_in_exec
         return {"error": _error(exc) if exc is not None else None,
-                "output": (printed.stdout + printed.stderr)[-PRINTED_LIMIT:]}
+                "output": printed.getvalue()[-protocol.OUTPUT_LIMIT:]}
 
     def describe(self, message: dict) -> dict:
         name = message["name"]

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from course import runtime
 from course.grade import prepare, read_notebook, temporary_environment
+from course.verify.protocol import OUTPUT_LIMIT
 from course.verify.proxy import (
     CellTimedOut,
     Learner,
@@ -61,7 +62,6 @@ import torch
 
 VERDICT_VERSION = 1
 MAX_RESTARTS = 2
-OUTPUT_LIMIT = 4000
 # Modules a test cell may name without importing them, bound to this process's own.
 SHARED_MODULES = ("torch", "triton", "triton.language", "numpy", "math")
 _UNBOUND = object()  # a stand-in still to be made again for the next test cell
