@@ -87,6 +87,9 @@ def browser(tmp_path_factory) -> Iterator[BrowserContext]:
             profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
             viewport=VIEWPORT)
         context.set_default_timeout(60_000)
+        # Assertions wait as long as actions: on 2 busy cores JupyterLab once took more
+        # than expect's default 5 s to show a notebook's first cell.
+        expect.set_options(timeout=60_000)
         try:
             yield context
         finally:
