@@ -205,6 +205,45 @@ def test_a_frame_naming_something_other_than_the_file_it_says_is_refused(tmp_pat
         assert not target.exists()  # removed as soon as it was opened
 
 
+def test_a_message_file_holds_raw_tensor_bytes_after_the_message(tmp_path, pipe):
+    read_fd, write_fd = pipe
+    shared = _shared_dir(tmp_path)
+    padded = torch.arange(40, dtype=torch.bfloat16).as_strided((3, 4), (10, 1), 5)
+    message = {"a": [padded, (torch.ones(1 << 19, dtype=torch.int64), "x")], "n": 3}
+    protocol.write_message(write_fd, message, shared)
+    (name,) = os.listdir(shared)
+    data = (Path(shared) / name).read_bytes()
+    assert data.endswith(torch.ones(1 << 19, dtype=torch.int64).numpy().tobytes())
+    back = protocol.read_message(read_fd, time.monotonic() + 10, shared)
+    assert back["n"] == 3 and back["a"][1][1] == "x" and torch.equal(back["a"][0], padded)
+    assert back["a"][0].stride() == (10, 1) and back["a"][0].storage_offset() == 5
+    assert torch.equal(back["a"][1][0], torch.ones(1 << 19, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("lie", ["more bytes than the file", "a view past its bytes",
+                                 "a marker past the table", "a table that is not one"])
+def test_a_message_file_whose_parts_disagree_is_refused(tmp_path, pipe, lie):
+    read_fd, write_fd = pipe
+    shared = _shared_dir(tmp_path)
+    raw = torch.zeros(64, dtype=torch.uint8)
+    table = [(torch.float32, (4, 4), (4, 1), 0, 64)]
+    marker = protocol._marker(0)
+    if lie == "more bytes than the file":
+        table = [(torch.float32, (4, 4), (4, 1), 0, 128)]
+    elif lie == "a view past its bytes":
+        table = [(torch.float32, (4, 4), (8, 1), 0, 64)]
+    elif lie == "a marker past the table":
+        marker = protocol._marker(1)
+    elif lie == "a table that is not one":
+        table = [(torch.float32, (4, 4), (4, 1), 0, "64")]
+    data = protocol.encode({"message": {"x": marker}, "tensors": table}) + raw.numpy().tobytes()
+    (Path(shared) / "message-x").write_bytes(data)
+    os.write(write_fd, _frame_naming(b"message-x", len(data)))
+    with pytest.raises(protocol.MessageRefused, match="message file"):
+        protocol.read_message(read_fd, time.monotonic() + 10, shared)
+    assert os.listdir(shared) == []
+
+
 def test_a_shared_directory_swapped_for_a_link_is_refused(tmp_path, pipe):
     read_fd, write_fd = pipe
     elsewhere = tmp_path / "elsewhere"
@@ -356,6 +395,16 @@ def test_writes_into_an_argument_come_back_into_it(learner):
     x = torch.zeros(3)
     total = learner.function("writes_in_place")(x)
     assert torch.equal(x, torch.ones(3)) and float(total) == 3.0
+
+
+def test_only_the_argument_storages_a_call_changed_come_back(learner):
+    learner.run_cell("def writes_first(a, b):\n    a.add_(1)\n    return b * 1", "first")
+    x, y = torch.zeros(3), torch.zeros(5)
+    reply, _ = learner.ask({"op": "call", "name": "writes_first"}, (x, y[1:]))
+    assert list(reply["storages_after"]) == [protocol.key_of(x).text()]
+    assert torch.equal(x, torch.ones(3)) and torch.equal(y, torch.zeros(5))
+    reply, _ = learner.ask({"op": "call", "name": "scale"}, (y,))
+    assert reply["storages_after"] == {}
 
 
 def test_the_same_tensor_reaches_the_same_buffer_refilled(learner):
@@ -751,8 +800,8 @@ def test_a_speed_check_of_a_learners_function_times_its_replay_here(variants, fa
                                                                       monkeypatch):
     requests = []
     ask = variants.process.request
-    monkeypatch.setattr(variants.process, "request",
-                        lambda message: requests.append(message.get("op")) or ask(message))
+    monkeypatch.setattr(variants.process, "request", lambda message: requests.append(
+        (message.get("op"), bool(message.get("trace")))) or ask(message))
     in_timing = []
     from course import bench
 
@@ -762,8 +811,9 @@ def test_a_speed_check_of_a_learners_function_times_its_replay_here(variants, fa
     result = _speed_check(variants.function("correct"))
     assert result.passed and fake_timer == ["remote"]
     assert in_timing[0] == in_timing[1], "the learner's process was asked while timing"
-    # before: a watched call, the same tensors refilled; the traced call; after: one call
-    assert requests == ["call"] * 4
+    # before: a watched call, traced (the call checked is the call timed), then the same
+    # tensors refilled; after: one call
+    assert requests == [("call", True), ("call", False), ("call", False)]
 
 
 def test_a_learners_address_cache_is_refused_at_the_timing_shape(variants, fake_timer):

@@ -147,7 +147,7 @@ _WHEN = {
 
 def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], spec: CallSpec,
                        *, when: str = "before",
-                       refill: Callable[[], Sequence[Any]] | None = None) -> None:
+                       refill: Callable[[], Sequence[Any]] | None = None) -> Callable[..., Any]:
     """Call `fn(*args)` once inside `sandbox.watch()` and hold it to the correctness checks'
     rules: at most `spec.max_launches` Triton launches and at least one, no PyTorch compute
     ops, its inputs unchanged, and outputs that match the reference. Raise AssertionError
@@ -155,7 +155,11 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
     refused here). `when` ("before" or "after" timing) only changes the message. With
     `refill` (it makes new arguments), the same argument tensors are then refilled in place
     with new values and the function called on them again: a result cached by the inputs'
-    addresses is refused at the timing shape too."""
+    addresses is refused at the timing shape too.
+
+    Return what the timing then times: `fn`, or for a function that runs in the learner's
+    process (course.verify), the replay of this very call's GPU work, traced "before"
+    (`timed_here` says why), so that the call checked here is the call timed."""
     if when not in _WHEN:
         raise ValueError(f"when must be 'before' or 'after', not {when!r}")
     args = tuple(args)
@@ -163,8 +167,12 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
     runtime.synchronize()
     # Not tracking what each launch changed: at the timing shape that copies every argument
     # before each launch, and nothing here reads it.
+    traced = getattr(fn, "traced", None) if when == "before" else None
     with sandbox.watch(track_changes=False) as record:
-        got = fn(*args)
+        if traced is None:
+            got = fn(*args)
+        else:
+            got, make_replay = traced(*args)
     runtime.synchronize()
     where, verdict = _WHEN[when]
     broken_rules = [f.message for f in rule_findings(record, max_launches=spec.max_launches)]
@@ -180,6 +188,7 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
                              f"{verdict}\n" + "\n".join(wrong))
     if refill is not None:
         _check_refilled_call(label, fn, args, spec, refill, got)
+    return fn if traced is None else _replayed(label, make_replay)
 
 
 def _check_refilled_call(label: str, fn: Callable[..., Any], args: tuple, spec: CallSpec,
@@ -322,10 +331,14 @@ def timed_here(label: str, fn: Callable[..., Any],
     replayed = getattr(fn, "replayed", None)
     if replayed is None:
         return fn
+    return _replayed(label, lambda: replayed(tuple(make_args())))
+
+
+def _replayed(label: str, make_replay: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
     from course.verify.replay import NotReplayable
 
     try:
-        return replayed(tuple(make_args()))
+        return make_replay()
     except NotReplayable as why:
         raise AssertionError(
             f"{label}: your function's work cannot be timed apart from your code: {why}. The "
@@ -398,10 +411,11 @@ def timed_bandwidth_check(label: str, fn: Callable[..., Any],
     # A warning on stderr would cost the whole cell its points under nbgrader: collected,
     # and shown on stdout instead.
     with sandbox.collect_warnings() as warned:
-        check_watched_call(label, fn, make_args(), spec, when="before", refill=make_args)
+        timed = check_watched_call(label, fn, make_args(), spec, when="before",
+                                   refill=make_args)
         attempts = []
         for _ in range(max(1, retries)):
-            attempts.append(measure_checked(label, fn, make_args, nbytes, spec, reps=reps))
+            attempts.append(measure_checked(label, timed, make_args, nbytes, spec, reps=reps))
             if (attempts[-1].fraction_of_copy or 0.0) >= target:
                 break
         check_watched_call(label, fn, make_args(), spec, when="after")

@@ -160,20 +160,23 @@ def rmsnorm_spec(dtype: torch.dtype) -> CallSpec:
 
 
 def checked_before_timing(label: str, fn: Callable, n_rows: int, n_cols: int,
-                          dtype: torch.dtype, spec: CallSpec) -> Callable[[], tuple]:
+                          dtype: torch.dtype, spec: CallSpec
+                          ) -> tuple[Callable, Callable[[], tuple]]:
     """Hold one watched call of `fn` at the timing shape to the rules (seeded inputs), then
-    return the maker of fresh (x, weight, eps) that the timing rotates through."""
-    gen = torch.Generator().manual_seed(n_rows * 31 + n_cols)
-    x = torch.randn((n_rows, n_cols), generator=gen).to(dtype).to(runtime.DEVICE)
-    w = (torch.rand(n_cols, generator=gen) + 0.5).to(dtype).to(runtime.DEVICE)
-    check_watched_call(label, fn, (x, w, 1e-6), spec, when="before")
+    return what to time (`check_watched_call` says what) and the maker of fresh
+    (x, weight, eps) that the timing rotates through."""
+    # Drawn on the device: on the CPU, hundreds of MB of normal values take a second a shape.
+    gen = torch.Generator(runtime.DEVICE).manual_seed(n_rows * 31 + n_cols)
+    x = torch.randn((n_rows, n_cols), generator=gen, device=runtime.DEVICE).to(dtype)
+    w = (torch.rand(n_cols, generator=gen, device=runtime.DEVICE) + 0.5).to(dtype)
+    timed = check_watched_call(label, fn, (x, w, 1e-6), spec, when="before")
     del x, w
 
     def make_args():
         return (torch.randn((n_rows, n_cols), dtype=dtype, device=runtime.DEVICE),
                 torch.rand(n_cols, dtype=dtype, device=runtime.DEVICE) + 0.5, 1e-6)
 
-    return make_args
+    return timed, make_args
 
 
 def compare_with_compiled(fn: Callable, compiled: Callable, shapes: Sequence[tuple[int, int]],
@@ -187,11 +190,12 @@ def compare_with_compiled(fn: Callable, compiled: Callable, shapes: Sequence[tup
     rows = []
     for m, n in shapes:
         label = f"{m}x{n}"
-        make_args = checked_before_timing(f"rmsnorm {label}", fn, m, n, dtype, spec)
+        timed, make_args = checked_before_timing(f"rmsnorm {label}", fn, m, n, dtype, spec)
         nbytes = traffic.fused_rmsnorm(m, n, dtype).bytes
         best = None
         for attempt in range(1, max(1, retries) + 1):
-            yours = measure_checked(f"yours {label}", fn, make_args, nbytes, spec, reps=reps)
+            yours = measure_checked(f"yours {label}", timed, make_args, nbytes, spec,
+                                    reps=reps)
             theirs = bench.measure(f"torch.compile {label}", compiled, make_args, nbytes,
                                    reps=reps, hide_launch=True)
             timing = ShapeTiming((m, n), yours, theirs, attempt, tolerance)
@@ -356,12 +360,12 @@ def _measured_row(rmsnorm: Callable, dtype: str, n_rows: int, n_cols: int, recor
                                     for points in recorded.values())
     spec = rmsnorm_spec(torch_dtype)
     label = f"rmsnorm {dtype} {n_rows}x{n_cols}"
-    make_args = checked_before_timing(label, rmsnorm, n_rows, n_cols, torch_dtype, spec)
+    timed, make_args = checked_before_timing(label, rmsnorm, n_rows, n_cols, torch_dtype, spec)
     nbytes = traffic.fused_rmsnorm(n_rows, n_cols, torch_dtype).bytes
     best, attempts = 0.0, 0
     while attempts < max(1, retries) and best < target:
         attempts += 1
-        measured = measure_checked(label, rmsnorm, make_args, nbytes, spec, reps=reps)
+        measured = measure_checked(label, timed, make_args, nbytes, spec, reps=reps)
         best = max(best, measured.fraction_of_copy or 0.0)
     check_watched_call(label, rmsnorm, make_args(), spec, when="after", refill=make_args)
     detail = (f"{100 * best:.1f} % of copy (target {100 * target:.1f} %, best of {attempts} "

@@ -130,7 +130,7 @@ def rmsnorm_two_pass_bandwidth(fn: Callable, *, shape: tuple[int, int] = (16384,
     # graded speed checks: a report of a call that skips work would teach the wrong lesson.
     spec = CallSpec(("y",), lambda x, w: reference.rmsnorm(x, w, eps=1e-6), (dtype,),
                     max_launches=TWO_PASS.max_launches, arg_names=("x", "weight"))
-    check_watched_call(label, fn, (x, w), spec, when="before")
+    timed = check_watched_call(label, fn, (x, w), spec, when="before")
 
     def make_args():
         return (torch.randn(shape, dtype=dtype, device=runtime.DEVICE),
@@ -138,7 +138,7 @@ def rmsnorm_two_pass_bandwidth(fn: Callable, *, shape: tuple[int, int] = (16384,
 
     ideal = traffic.fused_rmsnorm(m, n, dtype)
     model = traffic.two_pass_rmsnorm(m, n, dtype)
-    measurement = measure_checked(label, fn, make_args, ideal.bytes, spec, reps=reps)
+    measurement = measure_checked(label, timed, make_args, ideal.bytes, spec, reps=reps)
     check_watched_call(label, fn, make_args(), spec, when="after", refill=make_args)
     result = ModelComparison(measurement, model, model.time_floor(hardware.copy_bandwidth()))
     if not quiet:

@@ -260,6 +260,10 @@ class Server:
         record, result, error = None, None, None
         sinks: dict[str, list] = {}
         tracer = None
+        # What the argument storages held before the call, to send back only those it
+        # changed (a copy on the device costs far less than sending every one back).
+        before = {key: self.storages[key].clone() for key in message.get("storages", {})
+                  if key in self.storages}
         if message.get("trace"):  # the verifier will replay this call's GPU work
             tracer = replay.Tracer({self.storages[key].untyped_storage().data_ptr(): key
                                     for key in message.get("storages", {})})
@@ -280,8 +284,8 @@ class Server:
                  "sinks": {name: list(found) for name, found in sinks.items()},
                  "outputs": self._output(result, record) if error is None else None,
                  "storages_after": {key: self.storages[key].to("cpu", copy=True)
-                                    for key in message.get("storages", {})
-                                    if key in self.storages},
+                                    for key, held in before.items()
+                                    if not torch.equal(self.storages[key], held)},
                  "changed_outputs": self._changed_outputs(first_handle)}
         if tracer is not None and error is None:
             reply["trace"] = tracer.finish(result)

@@ -14,11 +14,13 @@ same buffer of the learner's process, refilled in place, so a result cached by a
 caught the way it would be in one process.
 
 A large message goes through a file in shared memory instead of the pipe, which moves only
-about 0.4 GB/s (docs/grading-time.md): the writer saves it into a fresh file of a directory
-both processes know and sends on the pipe a short frame naming the file; the reader reads
-the file whole into its own memory, removes it, and loads those private bytes, never a
-mapping the writer could still change. Where the directory cannot take the message, it
-goes through the pipe.
+about 0.4 GB/s (docs/grading-time.md): the writer writes it into a fresh file of a directory
+both processes know and sends on the pipe a short frame naming the file; the reader removes
+the file and reads it into its own memory, never a mapping the writer could still change.
+In the file, the message comes first with each tensor replaced by a marker (saved and
+loaded as above), then every tensor's storage as raw bytes, which the reader reads straight
+into tensors of its own. Where the directory cannot take the message, it goes through the
+pipe.
 """
 
 from __future__ import annotations
@@ -110,6 +112,109 @@ def _tensor_bytes(message: object) -> int:
     return sum(sizes.values())
 
 
+def _marker(index: int) -> torch.Tensor:
+    """Stands for the message's tensor `index` in a message file (a meta tensor holds no
+    bytes, and no message carries one otherwise)."""
+    return torch.empty((index,), dtype=torch.uint8, device="meta")
+
+
+def _without_tensors(message: dict) -> tuple[dict, list[torch.Tensor]]:
+    """`message` with each tensor replaced by a marker, with the table of their layouts,
+    and their storages' bytes (CPU, uint8) in the table's order."""
+    table, storages = [], []
+
+    def strip(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            if value.layout != torch.strided or value.is_quantized:
+                raise TypeError(f"a {value.layout} tensor has no raw bytes to send")
+            t = value.detach()
+            if t.device.type != "cpu":
+                t = t.to("cpu")
+            table.append((t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                          t.untyped_storage().nbytes()))
+            storages.append(storage_bytes(t))
+            return _marker(len(table) - 1)
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(strip(v) for v in value)
+        return value
+
+    return {"message": strip(message), "tensors": table}, storages
+
+
+def _layouts(skeleton: dict) -> list[tuple[torch.dtype, tuple, tuple, int, int]]:
+    """The table of tensor layouts a message file's first part gives, each checked to be
+    plain values (the other process wrote it)."""
+    table = skeleton.get("tensors")
+    if not isinstance(table, list) or not isinstance(skeleton.get("message"), dict):
+        raise MessageRefused("a message file does not begin with a message and its tensors")
+    for entry in table:
+        if not (isinstance(entry, tuple) and len(entry) == 5
+                and isinstance(entry[0], torch.dtype)
+                and all(isinstance(part, tuple) and all(type(v) is int for v in part)
+                        for part in entry[1:3])
+                and all(type(v) is int and v >= 0 for v in entry[3:])):
+            raise MessageRefused(f"a message file describes a tensor as {entry!r}")
+    return table
+
+
+def _with_tensors(value: object, tensors: list[torch.Tensor]) -> object:
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "meta" or value.dim() != 1 or \
+                not 0 <= value.shape[0] < len(tensors):
+            raise MessageRefused("a message file holds a tensor outside its raw part")
+        return tensors[value.shape[0]]
+    if isinstance(value, dict):
+        return {k: _with_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_tensors(v, tensors) for v in value)
+    return value
+
+
+def _read_into(fd: int, buffer: memoryview, deadline: float | None) -> int:
+    """Fill `buffer` from the file `fd`, a chunk at a time (one read(2) returns at most
+    about 2 GiB), the deadline between chunks; the bytes read (fewer at the file's end)."""
+    done = 0
+    while done < len(buffer):
+        if deadline is not None and time.monotonic() > deadline:
+            raise ChannelTimeout("the message's file was not read within the time limit")
+        got = os.readv(fd, [buffer[done:done + _FILE_CHUNK]])
+        if not got:
+            break
+        done += got
+    return done
+
+
+def _load_file(fd: int, nbytes: int, deadline: float | None) -> dict:
+    """The message in a message file of `nbytes` bytes, read from `fd`."""
+    word = bytearray(_LENGTH.size)
+    if _read_into(fd, memoryview(word), deadline) != len(word):
+        raise MessageRefused("a message file ends before its first part")
+    (head,) = _LENGTH.unpack(word)
+    if head > nbytes - len(word):
+        raise MessageRefused(f"a message file's first part is {head} bytes long")
+    first = bytearray(head)
+    if _read_into(fd, memoryview(first), deadline) != head:
+        raise MessageRefused("a message file ends inside its first part")
+    skeleton = decode(bytes(first))
+    table = _layouts(skeleton)
+    if len(word) + head + sum(entry[4] for entry in table) != nbytes:
+        raise MessageRefused("a message file's tensors do not add up to its size")
+    tensors = []
+    for dtype, shape, stride, offset, size in table:
+        storage = torch.empty(size, dtype=torch.uint8)
+        if _read_into(fd, memoryview(storage.numpy()), deadline) != size:
+            raise MessageRefused("a message file ends inside a tensor")
+        try:
+            tensors.append(view_on(storage, {"dtype": dtype, "shape": shape,
+                                             "stride": stride, "offset": offset}))
+        except (RuntimeError, ValueError) as exc:
+            raise MessageRefused(f"a message file describes a tensor its bytes cannot hold "
+                                 f"({exc})") from None
+    return _with_tensors(skeleton["message"], tensors)
+
+
 def _save_in_file(shared_dir: str, message: dict, size: int) -> tuple[bytes, str] | None:
     """Save `message` into a new file of `shared_dir`: the frame that names it, and its
     path; None where the directory cannot take it (missing, not writable, too full). The
@@ -123,8 +228,10 @@ def _save_in_file(shared_dir: str, message: dict, size: int) -> tuple[bytes, str
     except OSError:
         return None
     try:
-        with _without_checksums():
-            torch.save(message, f"/proc/self/fd/{fd}")  # the open file itself (Linux)
+        skeleton, storages = _without_tensors(message)
+        _write_all(fd, encode(skeleton))
+        for storage in storages:
+            _write_all(fd, storage.numpy())
         nbytes = os.fstat(fd).st_size
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -138,8 +245,8 @@ def _save_in_file(shared_dir: str, message: dict, size: int) -> tuple[bytes, str
     return _LENGTH.pack(_IN_FILE | len(header)) + header, path
 
 
-def _write_all(fd: int, frame: bytes) -> None:
-    data = memoryview(frame)
+def _write_all(fd: int, frame) -> None:
+    data = memoryview(frame).cast("B")
     while data:
         written = os.write(fd, data)
         data = data[written:]
@@ -178,9 +285,9 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
-def _read_file(shared_dir: str | None, header: bytes, deadline: float | None) -> bytes:
-    """The bytes of the file a frame names, read whole into this process's memory; the
-    file is removed. The name comes from the other process: only a plain name inside
+def _read_file(shared_dir: str | None, header: bytes, deadline: float | None) -> dict:
+    """The message in the file a frame names, read into this process's memory; the file is
+    removed. The name comes from the other process: only a plain name inside
     `shared_dir`, a regular file of the size the frame said with every byte stored (a
     sparse file would cost this process its memory and the other nothing), is read, a
     chunk at a time, within the deadline."""
@@ -218,21 +325,13 @@ def _read_file(shared_dir: str | None, header: bytes, deadline: float | None) ->
                 or info.st_blocks * 512 < nbytes):
             raise MessageRefused(f"the message's file {name!r} is not a plain file of "
                                  f"{nbytes} bytes, every one stored")
-        chunks, done = [], 0
-        while done < nbytes:  # in chunks: one read(2) returns at most about 2 GiB
-            if deadline is not None and time.monotonic() > deadline:
-                raise ChannelTimeout("the message's file was not read within the time limit")
-            chunk = os.read(fd, min(_FILE_CHUNK, nbytes - done))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            done += len(chunk)
-        if done != nbytes or os.read(fd, 1):
+        message = _load_file(fd, nbytes, deadline)
+        if os.read(fd, 1):
             raise MessageRefused(f"the message's file {name!r} changed while it was read")
     finally:
         os.close(fd)
         os.close(folder)
-    return b"".join(chunks)
+    return message
 
 
 def read_message(fd: int, deadline: float | None = None,
@@ -245,7 +344,7 @@ def read_message(fd: int, deadline: float | None = None,
     size = word & ~_IN_FILE
     if size > _FILE_SIZE.size + _MAX_NAME:
         raise MessageRefused(f"a frame naming a file is {size} bytes long")
-    return decode(_read_file(shared_dir, _read_exactly(fd, size, deadline), deadline))
+    return _read_file(shared_dir, _read_exactly(fd, size, deadline), deadline)
 
 
 # ---------------------------------------------------------------- tensors

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from course.check import guards, sandbox
@@ -343,11 +343,11 @@ class _Packer:
                 "devices": dict(self.devices)}
 
     def write_back(self, after: dict[str, torch.Tensor]) -> None:
-        """Every byte the call left in the argument storages, into this process's ones."""
+        """Every byte the call left in the argument storages it changed (the learner's
+        process sends only those), into this process's ones."""
         for key, data in after.items():
             mine = self.storages.get(key)
-            if mine is not None and mine.numel() == data.numel() and \
-                    not torch.equal(mine.cpu(), data):
+            if mine is not None and mine.numel() == data.numel():
                 mine.copy_(data)
 
 
@@ -462,6 +462,14 @@ class RemoteFunction:
 
     def __call__(self, *args: object, **kwargs: object) -> object:
         return self.learner.ask({"op": "call", "name": self.name}, args, kwargs)[1]
+
+    def traced(self, *args: object) -> tuple[object, Callable[[], Replay]]:
+        """Call it as above, its GPU work traced too: what it returned, and a maker of the
+        Replay of that very call (which raises NotReplayable where there is none)."""
+        reply, out = self.learner.ask({"op": "call", "name": self.name, "trace": True}, args)
+        keys = [protocol.key_of(a).text() if isinstance(a, torch.Tensor) else None
+                for a in args]
+        return out, lambda: Replay(reply["trace"], keys)
 
     def replayed(self, args: tuple) -> Replay:
         """The GPU work of one call on `args`, traced in the learner's process and compiled
