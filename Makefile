@@ -57,6 +57,7 @@ release: $(STAMP)
 #   make collect FROM=<folder>    <folder>/<student>/<chapter>/<chapter>.ipynb -> grader/submitted/
 #   make autograde [CHAPTERS=ch01_math,ch04_fused] [STUDENTS=a,b] [FORCE=1] [CELL_TIMEOUT=s]
 #                  [GPUS=0,1,...]   a worker per GPU (grader/README.md: a cluster, with Slurm)
+#                  [CHAPTERS_AT_ONCE=n]  a student's chapters side by side (default: cores / 2)
 #   make feedback [CHAPTERS=...]  HTML per submission in grader/feedback/
 #   make override CHAPTER=ch04_fused STUDENT=alice CELL=ex04_fused_correct POINTS=4 REASON="..."
 #                                 the instructor's decision on one test cell (REMOVE=1 drops it)
@@ -71,7 +72,8 @@ collect: $(STAMP)
 autograde: $(STAMP)
 	$(INSTRUCTOR) autograde $(if $(CHAPTERS),--chapters "$(CHAPTERS)") \
 		$(if $(STUDENTS),--students "$(STUDENTS)") $(if $(FORCE),--force) \
-		$(if $(CELL_TIMEOUT),--cell-timeout "$(CELL_TIMEOUT)") $(if $(GPUS),--gpus "$(GPUS)")
+		$(if $(CELL_TIMEOUT),--cell-timeout "$(CELL_TIMEOUT)") $(if $(GPUS),--gpus "$(GPUS)") \
+		$(if $(CHAPTERS_AT_ONCE),--chapters-at-once "$(CHAPTERS_AT_ONCE)")
 
 feedback: $(STAMP)
 	$(INSTRUCTOR) feedback $(if $(CHAPTERS),--chapters "$(CHAPTERS)")

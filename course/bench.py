@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from course import hardware, runtime
+from course import gpu_lock, hardware, runtime
 
 import torch
 
@@ -62,6 +62,17 @@ class Timing:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _alone_on_the_gpu(timer: Callable[..., Timing]) -> Callable[..., Timing]:
+    """`timer` holding the GPU alone while it runs, where chapters are graded side by side
+    on one GPU (course.gpu_lock; nothing happens elsewhere)."""
+    @functools.wraps(timer)
+    def alone(*args: Any, **kwargs: Any) -> Timing:
+        with gpu_lock.alone():
+            return timer(*args, **kwargs)
+    return alone
+
+
+@_alone_on_the_gpu
 def time_fn(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 100,
             before_each: Callable[[int], Any] | None = None,
             hide_launch: bool = False) -> Timing:
@@ -119,6 +130,7 @@ def time_fn(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 100,
     return Timing(tuple(times))
 
 
+@_alone_on_the_gpu
 def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int = 20
                ) -> Timing:
     """Per-call times of the calls run back to back, as a model runs its kernels: the
@@ -161,6 +173,7 @@ def time_graph(calls: Sequence[Callable[[], Any]], *, warmup: int = 2, reps: int
     return _per_call(replays, in_graph)
 
 
+@_alone_on_the_gpu
 def time_back_to_back(calls: Sequence[Callable[[], Any]], *, warmup: int = 10, reps: int = 20,
                       calls_per_rep: int = 100) -> Timing:
     """Per-call wall-clock times of `calls_per_rep` calls made back to back from Python, as a

@@ -79,6 +79,9 @@ INTEGRITY_CSV = "grades_integrity.csv"
 # (course/runtime.py, GRADING_ENV; a test keeps the two names equal). Read here, not
 # imported, so that these commands do not load torch.
 GRADING_ENV = {"COURSE_GRADING": "1"}
+# The file of the lock a verifier's timings hold alone on their GPU (course/gpu_lock.py, ENV;
+# a test keeps the two names equal), so that chapters verified side by side take turns.
+GPU_LOCK_ENV = "COURSE_GPU_LOCK"
 
 
 class GraderError(RuntimeError):
@@ -589,6 +592,29 @@ class Started:
     graded: list[str]
     failed: list[str]
     log: Path
+    going: bool = False  # told to go
+
+
+def gpu_lock_file() -> str:
+    """The lock file of the GPU this process grades on (CUDA_VISIBLE_DEVICES, as a worker
+    of `autograde_on_gpus` is pinned): one per GPU of the machine, for every course and
+    worker grading on it."""
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or "all"
+    name = re.sub(r"[^A-Za-z0-9_.,-]", "_", gpu)
+    return str(Path(tempfile.gettempdir()) / f"course-gpu-{os.getuid()}-{name}.lock")
+
+
+def chapters_at_once() -> int:
+    """How many chapters `autograde` verifies side by side by default: a verifier and a
+    learner's process each, about two cores' work, up to the eight chapters."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
+def one_student_at_a_time(todo: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
+    """`todo` as (chapter, [student]) items, each student's chapters together."""
+    students = list(dict.fromkeys(s for names in todo.values() for s in names))
+    return [(chapter, [student]) for student in students
+            for chapter, names in todo.items() if student in names]
 
 
 def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
@@ -638,6 +664,7 @@ def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: 
 def autograde(course: Course, chapters: Sequence[str] | None = None,
               students: Sequence[str] | None = None, *, force: bool = False,
               cell_timeout_s: int | None = None, gpus: Sequence[str] | None = None,
+              at_once: int | None = None,
               say: Callable[[str], None] = print) -> list[ChapterRun]:
     """Autograde the collected submissions: one nbgrader call per chapter records them in
     the gradebook, without running a cell, and the verifier runs and grades each (its
@@ -646,8 +673,10 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
     every collected submission is scanned for code that a solution should not need (the
     integrity scan): flagged submissions are listed, and every flag is written to
     grader/grades_integrity.csv, for the instructor to review. The flags cost no points.
-    With `gpus`, a worker per GPU grades the submissions one at a time
-    (`autograde_on_gpus`)."""
+    Up to `at_once` chapters of one student (`chapters_at_once()` by default) are verified
+    side by side, their timings taking turns on the GPU (course.gpu_lock). With `gpus`, a
+    worker per GPU grades the submissions one at a time (`autograde_on_gpus`), and
+    `at_once` is not used."""
     if cell_timeout_s is not None and cell_timeout_s <= 0:
         raise GraderError(f"the time limit per cell must be above 0 s, not {cell_timeout_s}")
     plan = prepare(course, chapters, students, say)
@@ -655,39 +684,61 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
         return autograde_on_gpus(course, plan, gpus, force=force,
                                  cell_timeout_s=cell_timeout_s, say=say)
     stamp = code_stamp(course)
-    todo = list(plan.todo.items())
+    at_once = max(1, at_once or chapters_at_once())
+    todo = list(plan.todo.items()) if at_once == 1 else one_student_at_a_time(plan.todo)
 
     def start(index: int) -> Started:
         chapter, names = todo[index]
         return start_chapter(course, chapter, names, force=force,
-                             cell_timeout_s=cell_timeout_s, per_student=plan.subset,
-                             stamp=stamp)
+                             cell_timeout_s=cell_timeout_s,
+                             per_student=plan.subset or at_once > 1, stamp=stamp)
 
     runs = []
     began = time.perf_counter()
-    current = start(0) if todo else None
-    for index, (chapter, names) in enumerate(todo):
-        say(f"{chapter}: autograding {len(names)} submission(s) ...")
-        current.verification.go()
-        # The next chapter's nbgrader and verifier start while this one's verifier runs:
-        # neither runs anything of a submission, nor anything on the GPU, until its `go`.
-        following, stopped = None, None
-        try:
-            following = start(index + 1) if index + 1 < len(todo) else None
-        except Exception as exc:  # this chapter, already running, is finished first
-            stopped = exc
+    # Up to `at_once` chapters verify side by side (their timings take turns on the GPU:
+    # course.gpu_lock), never two students' at once: a submission's code may leave work on
+    # the GPU, which should slow no one's kernel but its own. One more is recorded by
+    # nbgrader, its verifier started and waiting: it runs nothing of a submission, nor
+    # anything on the GPU, until its `go`.
+    window: collections.deque[tuple[list[str], Started]] = collections.deque()
+    started, stopped = 0, None
+
+    def go_ahead() -> None:
+        for names, waiting in list(window)[:at_once]:
+            if waiting.going:
+                continue
+            if any(other.going and others != names for others, other in window):
+                return  # the next student's chapters wait for this one's
+            say(f"{waiting.chapter}: autograding {len(names)} submission(s) ...")
+            waiting.verification.go()
+            waiting.going = True
+
+    while started < len(todo) or window:
+        while stopped is None and started < len(todo) and len(window) <= at_once:
+            try:
+                window.append((todo[started][1], start(started)))
+            except Exception as exc:  # the chapters already running are finished first
+                stopped = exc
+                break
+            started += 1
+            go_ahead()
+        go_ahead()
+        if not window:
+            break
+        names, current = window.popleft()
         try:
             done = finish_chapter(course, current, stamp)
         except BaseException:
-            if following is not None:
-                following.verification.abort()
+            for _, other in window:
+                other.verification.abort()
             raise
-        apply_verdicts(course, [chapter])
+        apply_verdicts(course, [current.chapter])
         now = time.perf_counter()
-        runs.append(report_chapter(course, plan, chapter, names, done, now - began, say))
-        if stopped is not None:
-            raise stopped
-        current, began = following, now
+        runs.append(report_chapter(course, plan, current.chapter, names, done, now - began,
+                                   say))
+        began = now
+    if stopped is not None:
+        raise stopped
     return runs
 
 
@@ -1354,7 +1405,8 @@ class Verification:
         self.log.write(f"$ {' '.join(command)}\n")
         self.log.flush()
         self.process = subprocess.Popen(command, cwd=course.grader_dir,
-                                        env=dict(os.environ, **GRADING_ENV),
+                                        env=dict(os.environ, **GRADING_ENV,
+                                                 **{GPU_LOCK_ENV: gpu_lock_file()}),
                                         stdin=subprocess.PIPE, stdout=self.log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -1753,6 +1805,10 @@ def build_parser() -> argparse.ArgumentParser:
     grade_step.add_argument("--gpus", default="", metavar="0,1,...",
                             help="a worker per GPU, each pinned to its GPU (default: one run "
                                  "on whatever GPU the environment gives)")
+    grade_step.add_argument("--chapters-at-once", type=int, default=None, metavar="N",
+                            help="chapters of a student verified side by side, their timings "
+                                 "taking turns on the GPU (default: half the CPU cores, at "
+                                 "most 8; 1 for a GPU short of memory; not with --gpus)")
     prepare_step = steps.add_parser("prepare", help="scan and register what a cluster's tasks "
                                                     "will grade (before `task`)")
     prepare_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
@@ -1840,9 +1896,10 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
         if args.step == "autograde":
             runs = autograde(course, _split(args.chapters), _split(args.students),
                              force=args.force, cell_timeout_s=args.cell_timeout,
-                             gpus=_split(args.gpus))
+                             gpus=_split(args.gpus), at_once=args.chapters_at_once)
             scanned = {(r.chapter, s): found for r in runs for s, found in r.flags.items()}
-            print("scores:\n" + summary(course, [r.chapter for r in runs], scanned))
+            chapters = list(dict.fromkeys(r.chapter for r in runs))
+            print("scores:\n" + summary(course, chapters, scanned))
             return 1 if any(r.failed for r in runs) else 0
         if args.step == "feedback":
             files = feedback(course, _split(args.chapters))

@@ -5,12 +5,13 @@ giving the gradebook a one-worker run gives.
 The class: chapter 02's correct submission and two of its mistakes (one that raises, one
 that ignores the interrupt, its process killed), and chapter 04's setattr cheat (checkers replaced:
 tampering, scored 0 by the verifier); tests/test_grader.py grades the whole class of
-mistakes once. This one is small, for it is graded three times, in three copies of the
+mistakes once. This one is small, for it is graded four times, in four copies of the
 course: one worker, two workers (GPUs "0" and "1": in interpreter mode the variable they
-set changes nothing else), and three Slurm array tasks run one after the other here (the
-same script sbatch would run, with Slurm's variables set by hand). Same points, cell by
-cell. The three copies are made from one course in which the class was released, collected
-and registered once (`instructor.py prepare`): what differs between them is the grading.
+set changes nothing else), three Slurm array tasks run one after the other here (the
+same script sbatch would run, with Slurm's variables set by hand), and one worker verifying
+both chapters side by side (`CHAPTERS_AT_ONCE=2`). Same points, cell by cell. The copies
+are made from one course in which the class was released, collected and registered once
+(`instructor.py prepare`): what differs between them is the grading.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def graded(prepared: Path, where: Path, how: str) -> tuple[Path, str]:
     root = copy_of(prepared, where)
     limit = f"CELL_TIMEOUT={CELL_TIMEOUT_S}"
     if how == "one":
-        printed = run(root, "make", "-s", "autograde", limit)
+        printed = run(root, "make", "-s", "autograde", limit, "CHAPTERS_AT_ONCE=1")
+    elif how == "side":  # the chapters verified side by side, timings taking turns
+        printed = run(root, "make", "-s", "autograde", limit, "CHAPTERS_AT_ONCE=2")
     elif how == "two":
         printed = run(root, "make", "-s", "autograde", limit, "GPUS=0,1")
     else:
@@ -107,16 +110,17 @@ def runs(prepared, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """The three gradings, each in a copy of its own. One worker and the Slurm tasks (each
     one process at a time) run side by side, which fills the minute each spends waiting on
     the submission that ignores the interrupt; then the two workers."""
-    where = {how: tmp_path_factory.mktemp(how) for how in ("one", "slurm", "two")}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        side_by_side = {how: pool.submit(graded, prepared, where[how], how)
-                        for how in ("one", "slurm")}
-        found = {how: future.result() for how, future in side_by_side.items()}
-    found["two"] = graded(prepared, where["two"], "two")
+    where = {how: tmp_path_factory.mktemp(how) for how in ("one", "slurm", "two", "side")}
+    found = {}
+    for pair in (("one", "slurm"), ("two",), ("side",)):
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            side_by_side = {how: pool.submit(graded, prepared, where[how], how)
+                            for how in pair}
+            found.update({how: future.result() for how, future in side_by_side.items()})
     return found
 
 
-@pytest.mark.parametrize("how", ["two", "slurm"])
+@pytest.mark.parametrize("how", ["two", "slurm", "side"])
 def test_parallel_grading_gives_the_grades_of_one_worker(runs, how):
     one, other = runs["one"][0], runs[how][0]
     columns = ("assignment", "student_id", "raw_score", "score", "max_score")

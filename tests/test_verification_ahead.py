@@ -153,7 +153,7 @@ def test_the_next_chapter_is_recorded_while_this_one_is_verified(setup):
     instructor.apply_verdicts = points
     instructor.prepare = lambda *args, **kwargs: instructor.Plan(
         {CHAPTER: ["alice"], SECOND: ["alice"]}, {}, "flags.csv", False)
-    runs = instructor.autograde(course, cell_timeout_s=60, say=lambda line: None)
+    runs = instructor.autograde(course, cell_timeout_s=60, at_once=1, say=lambda line: None)
     assert seen == [("first told to go", True), ("second's verifier waits", True),
                     (f"points of {CHAPTER}", True, False), (f"points of {SECOND}", True, True)]
     assert [run.chapter for run in runs] == [CHAPTER, SECOND]
@@ -180,8 +180,58 @@ def test_a_next_chapter_that_cannot_be_recorded_lets_this_one_finish_first(setup
     instructor.prepare = lambda *args, **kwargs: instructor.Plan(
         {CHAPTER: ["alice"], SECOND: ["alice"]}, {}, "flags.csv", False)
     with pytest.raises(instructor.GraderError, match="nbgrader stopped"):
-        instructor.autograde(course, cell_timeout_s=60, say=lambda line: None)
+        instructor.autograde(course, cell_timeout_s=60, at_once=1, say=lambda line: None)
     assert applied == [CHAPTER] and ran.exists()
     verdict = instructor.current_verdict(course, CHAPTER, "alice")
     assert [(c["grade_id"], c["points"]) for c in verdict["cells"]] == [("ex01_add", 2)]
     assert len(started) == 2 and started[1].process.poll() is not None  # stopped, reaped
+
+
+def test_a_students_chapters_go_side_by_side_and_the_next_student_waits(setup):
+    """With two chapters at once, alice's two chapters verify side by side, and bob's start
+    only when both of alice's are done: no submission's code runs beside another student's
+    timings."""
+    instructor, course, submitted, ran, started = setup
+    _second_chapter(course)
+    answer = _notebook("def add(a, b):\n    return a + b\n")
+    for student, chapter in (("alice", SECOND), ("bob", CHAPTER), ("bob", SECOND)):
+        path = course.submitted / student / chapter / f"{chapter}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(answer, path)
+    events = []
+    recorded = instructor.Verification
+
+    class Watched(recorded):
+        def go(self):
+            if self.process is not None and not self.process.stdin.closed:
+                events.append(("go", self.chapter, *self.students))
+            super().go()
+
+        def finish(self):
+            verdicts = super().finish()
+            events.append(("done", self.chapter, *self.students))
+            return verdicts
+
+    def nbgrader(course, chapter, names, **_):
+        for student in names:
+            out = course.autograded_notebook(student, chapter)
+            out.parent.mkdir(parents=True)
+            shutil.copy(course.submitted / student / chapter / f"{chapter}.ipynb", out)
+        return list(names), [], course.logs / "autograde.log"
+
+    instructor.Verification = Watched
+    instructor._nbgrader_autograde = nbgrader
+    instructor.apply_verdicts = lambda course, chapters: []
+    instructor.prepare = lambda *args, **kwargs: instructor.Plan(
+        {CHAPTER: ["alice", "bob"], SECOND: ["alice", "bob"]}, {}, "flags.csv", False)
+    runs = instructor.autograde(course, cell_timeout_s=60, at_once=2, say=lambda line: None)
+    assert events == [("go", CHAPTER, "alice"), ("go", SECOND, "alice"),
+                      ("done", CHAPTER, "alice"), ("done", SECOND, "alice"),
+                      ("go", CHAPTER, "bob"), ("go", SECOND, "bob"),
+                      ("done", CHAPTER, "bob"), ("done", SECOND, "bob")]
+    assert [(run.chapter, run.students) for run in runs] == [
+        (CHAPTER, ["alice"]), (SECOND, ["alice"]), (CHAPTER, ["bob"]), (SECOND, ["bob"])]
+    for chapter in (CHAPTER, SECOND):
+        for student in ("alice", "bob"):
+            verdict = instructor.current_verdict(course, chapter, student)
+            assert [(c["grade_id"], c["points"]) for c in verdict["cells"]] == [("ex01_add", 2)]

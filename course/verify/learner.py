@@ -150,6 +150,10 @@ class Server:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
             result = self.shell.run_cell(message["source"], store_history=False)
         exc = result.error_before_exec or result.error_in_exec
+        try:  # the cell's GPU work ends with it: another chapter's timing may follow
+            runtime.synchronize()
+        except Exception as fault:  # a fault the cell left on the GPU is the cell's
+            exc = exc or fault
         return {"error": _error(exc) if exc is not None else None,
                 "output": printed.getvalue()[-protocol.OUTPUT_LIMIT:]}
 

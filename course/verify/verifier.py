@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from course import runtime
+from course import gpu_lock, runtime
 from course.grade import prepare, read_notebook, temporary_environment
 from course.verify.protocol import OUTPUT_LIMIT
 from course.verify.proxy import (
@@ -255,7 +255,19 @@ class _Run:
 
     # ------------------------------------------------------------ cells
 
+    def _waited(self, seconds: float) -> None:
+        """A timing here waited `seconds` for the GPU: the learner's deadline moves on."""
+        if self.learner is not None and self.learner.process.deadline is not None:
+            self.learner.process.deadline += seconds
+
     def run(self) -> None:
+        gpu_lock.on_wait.append(self._waited)
+        try:
+            self._run()
+        finally:
+            gpu_lock.on_wait.remove(self._waited)
+
+    def _run(self) -> None:
         self._start()
         with contextlib.redirect_stdout(io.StringIO()):
             exec(compile(course_imports(self.source_nb), "<course imports>", "exec"),
@@ -270,29 +282,36 @@ class _Run:
                     self._score(label, "lost", "not run: " + self.verdict.lost[-1])
                 continue
             began = time.perf_counter()
-            try:
-                if _is_test(cell):
-                    self._test_cell(index, cell, label)
-                else:
-                    self._deadline()
-                    reply = self.learner.run_cell(cell.source, label)
-                    if reply.get("output"):
-                        self.verdict.learner_output.append(
-                            {"cell": label, "output": _trim(str(reply["output"]))})
-                    if reply.get("error"):
-                        self.verdict.learner_errors.append(
-                            {"cell": label, "error": _error_text(reply["error"])})
-                    self._note_tampering(index, label)
-            except CellTimedOut:
-                self.verdict.learner_errors.append(
-                    {"cell": label,
-                     "error": f"CellTimeoutError: stopped after {self.cell_timeout_s} s"})
-                if self.learner.process.lost is not None:
-                    alive = self._lost(index, cell, label)
-            except LearnerLost:
-                alive = self._lost(index, cell, label)
+            # Shared: a timing of another chapter on this GPU waits until the cell ends.
+            with gpu_lock.shared():
+                alive = self._cell(index, cell, label)
             self.verdict.cell_seconds.append([label, round(time.perf_counter() - began, 3)])
         self.learner.process.close()
+
+    def _cell(self, index: int, cell, label: str) -> bool:
+        """Run one code cell; whether a learner's process is left to run the next."""
+        try:
+            if _is_test(cell):
+                self._test_cell(index, cell, label)
+            else:
+                self._deadline()
+                reply = self.learner.run_cell(cell.source, label)
+                if reply.get("output"):
+                    self.verdict.learner_output.append(
+                        {"cell": label, "output": _trim(str(reply["output"]))})
+                if reply.get("error"):
+                    self.verdict.learner_errors.append(
+                        {"cell": label, "error": _error_text(reply["error"])})
+                self._note_tampering(index, label)
+        except CellTimedOut:
+            self.verdict.learner_errors.append(
+                {"cell": label,
+                 "error": f"CellTimeoutError: stopped after {self.cell_timeout_s} s"})
+            if self.learner.process.lost is not None:
+                return self._lost(index, cell, label)
+        except LearnerLost:
+            return self._lost(index, cell, label)
+        return True
 
     def _lost(self, index: int, cell, label: str) -> bool:
         why = self.learner.process.lost or "the learner's process was lost"
@@ -395,8 +414,12 @@ def learner_process(workdir: Path, env: dict[str, str]) -> LearnerProcess:
 
 
 def _grading_env() -> dict[str, str]:
-    return dict(os.environ, MPLBACKEND="Agg", NBGRADER_EXECUTION="autograde",
-                **{runtime.GRADING_ENV: "1"})
+    """The learner's process's environment: never the GPU lock's file (only the verifier
+    takes it, for the learner's cells too)."""
+    env = dict(os.environ, MPLBACKEND="Agg", NBGRADER_EXECUTION="autograde",
+               **{runtime.GRADING_ENV: "1"})
+    env.pop(gpu_lock.ENV, None)
+    return env
 
 
 def verify(submitted: str | Path, source: str | Path, *, cell_timeout_s: int = 300,

@@ -1,0 +1,102 @@
+"""A lock per GPU that a timed measurement holds alone, so that chapters can be graded side
+by side on one GPU (grader/instructor.py) and no kernel is timed with a neighbour running.
+
+Every other use of the GPU shares it: the verifier holds it shared for each cell it runs
+(its own test cells, and the learner's cells and calls it asks for, which run only then).
+`bench` takes it alone around every timing: it waits until no cell of any other chapter
+runs, and holds new ones off until the timing ends. A gate before the lock keeps a
+measurement from waiting forever behind a stream of new cells: whoever wants the lock,
+shared or alone, passes the gate first, and a measurement keeps the gate closed while it
+waits.
+
+Off unless COURSE_GPU_LOCK names the lock's file (the grader sets it for its verifiers, and
+never for a learner's process). Linux `flock`: the lock goes with the process that holds it,
+even a killed one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+
+ENV = "COURSE_GPU_LOCK"
+
+_files: dict[str, int] = {}  # lock path (and its gate's) -> this process's descriptor
+_held = {"shared": 0, "alone": 0}  # how deep each kind is nested here
+# Called with the seconds a timing waited for the lock (the verifier moves the learner's
+# deadline on by as much: a cell is not charged for its neighbours).
+on_wait: list[Callable[[float], None]] = []
+
+
+def _path() -> str | None:
+    return os.environ.get(ENV) or None
+
+
+def _fd(path: str) -> int:
+    if path not in _files:
+        _files[path] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    return _files[path]
+
+
+def _through_gate(path: str, kind: int) -> None:
+    gate = _fd(path + ".gate")
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(_fd(path), kind)
+    finally:
+        fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def shared() -> Iterator[None]:
+    """Use the GPU beside others, never beside a timing."""
+    path = _path()
+    if path is None or _held["shared"] or _held["alone"]:
+        _held["shared"] += 1
+        try:
+            yield
+        finally:
+            _held["shared"] -= 1
+        return
+    _through_gate(path, fcntl.LOCK_SH)
+    _held["shared"] += 1
+    try:
+        yield
+    finally:
+        _held["shared"] -= 1
+        fcntl.flock(_fd(path), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """Have the GPU to this process alone (a timing); inside `shared`, its share is given
+    up while it waits (two holders each waiting for the other would wait forever) and taken
+    again after."""
+    path = _path()
+    if path is None or _held["alone"]:
+        _held["alone"] += 1
+        try:
+            yield
+        finally:
+            _held["alone"] -= 1
+        return
+    lock = _fd(path)
+    if _held["shared"]:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    began = time.monotonic()
+    _through_gate(path, fcntl.LOCK_EX)
+    waited = time.monotonic() - began
+    for listener in list(on_wait):
+        listener(waited)
+    _held["alone"] += 1
+    try:
+        yield
+    finally:
+        _held["alone"] -= 1
+        if _held["shared"]:
+            fcntl.flock(lock, fcntl.LOCK_SH)  # a timing waiting at the gate may go first
+        else:
+            fcntl.flock(lock, fcntl.LOCK_UN)
