@@ -75,8 +75,9 @@ def test_an_honest_kernel_passes_and_each_input_set_is_checked_against_its_own_r
     result = speed_check(rmsnorm_variants.correct, spec)
     assert result.passed and fake_timer["labels"] == ["rmsnorm test"]
     # Before timing (and again with its inputs refilled in place), each rotating input set
-    # after it (at least two), after timing.
-    sets = bench.copies_needed(NBYTES)
+    # the timer called (at least two; its 4 repetitions reach at most 4 of the 64 a GPU's
+    # L2 asks for), after timing.
+    sets = min(bench.copies_needed(NBYTES), 4)
     assert len(references) == 2 + sets + 1
     assert references[1] is references[0]  # the same tensor, refilled in place
     assert len({id(x) for x in references}) == len(references) - 1
