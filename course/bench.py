@@ -67,6 +67,7 @@ def _alone_on_the_gpu(timer: Callable[..., Timing]) -> Callable[..., Timing]:
     on one GPU (course.gpu_lock; nothing happens elsewhere)."""
     @functools.wraps(timer)
     def alone(*args: Any, **kwargs: Any) -> Timing:
+        runtime.synchronize()  # the inputs just made: not beside another chapter's timing
         with gpu_lock.alone():
             return timer(*args, **kwargs)
     return alone

@@ -74,7 +74,8 @@ def shared() -> Iterator[None]:
 def alone() -> Iterator[None]:
     """Have the GPU to this process alone (a timing); inside `shared`, its share is given
     up while it waits (two holders each waiting for the other would wait forever) and taken
-    again after."""
+    again after. The caller lets its queued GPU work finish first: it would run beside the
+    timing that goes while this one waits."""
     path = _path()
     if path is None or _held["alone"]:
         _held["alone"] += 1
@@ -88,11 +89,10 @@ def alone() -> Iterator[None]:
         fcntl.flock(lock, fcntl.LOCK_UN)
     began = time.monotonic()
     _through_gate(path, fcntl.LOCK_EX)
-    waited = time.monotonic() - began
-    for listener in list(on_wait):
-        listener(waited)
     _held["alone"] += 1
     try:
+        for listener in list(on_wait):
+            listener(time.monotonic() - began)
         yield
     finally:
         _held["alone"] -= 1

@@ -556,7 +556,11 @@ def _nbgrader_autograde(course: Course, chapter: str, names: Sequence[str], *, f
     logs = course.logs
     log = logs / f"autograde_{chapter}.log"
     args = ["autograde", chapter] + (["--force"] if force else [])
-    if per_student:  # nbgrader's --student is one glob: a call per student keeps it exact
+    if per_student and len(names) == 1:  # one of a student's chapters: a log of its own
+        log = logs / f"autograde_{chapter}_{names[0]}.log"
+        status = run_nbgrader(course, args + [f"--student={names[0]}"], log, env)
+        text = log.read_text(errors="replace")
+    elif per_student:  # nbgrader's --student is one glob: a call per student keeps it exact
         statuses, parts = [], []
         for student in names:
             part = logs / f"autograde_{chapter}_{student}.log"
@@ -618,8 +622,8 @@ def one_student_at_a_time(todo: dict[str, list[str]]) -> list[tuple[str, list[st
 
 
 def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
-                  cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str]
-                  ) -> Started:
+                  cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str],
+                  side_by_side: bool = False) -> Started:
     """The verifier of `names` in `chapter` started (it waits for `go`), and nbgrader
     autograde of them (one call, or one per student), which runs no cell: see
     grader/nbgrader_config.py. Nothing of a submission has run yet."""
@@ -631,7 +635,8 @@ def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: 
     verdicts = {student: current_verdict(course, chapter, student) for student in names}
     stale = [student for student in names if force or verdicts[student] is None]
     verification = Verification(course, chapter, stale,
-                                cell_timeout_s or configured_timeout(course))
+                                cell_timeout_s or configured_timeout(course),
+                                side_by_side=side_by_side)
     try:
         graded, failed, log = _nbgrader_autograde(course, chapter, names, force=force,
                                                   per_student=per_student, env=env)
@@ -691,7 +696,8 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
         chapter, names = todo[index]
         return start_chapter(course, chapter, names, force=force,
                              cell_timeout_s=cell_timeout_s,
-                             per_student=plan.subset or at_once > 1, stamp=stamp)
+                             per_student=plan.subset or at_once > 1, stamp=stamp,
+                             side_by_side=at_once > 1)
 
     runs = []
     began = time.perf_counter()
@@ -701,7 +707,7 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
     # nbgrader, its verifier started and waiting: it runs nothing of a submission, nor
     # anything on the GPU, until its `go`.
     window: collections.deque[tuple[list[str], Started]] = collections.deque()
-    started, stopped = 0, None
+    started, stopped, current = 0, None, None
 
     def go_ahead() -> None:
         for names, waiting in list(window)[:at_once]:
@@ -713,30 +719,34 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
             waiting.verification.go()
             waiting.going = True
 
-    while started < len(todo) or window:
-        while stopped is None and started < len(todo) and len(window) <= at_once:
-            try:
-                window.append((todo[started][1], start(started)))
-            except Exception as exc:  # the chapters already running are finished first
-                stopped = exc
-                break
-            started += 1
+    try:
+        while started < len(todo) or window:
             go_ahead()
-        go_ahead()
-        if not window:
-            break
-        names, current = window.popleft()
-        try:
+            while stopped is None and started < len(todo) and \
+                    all(entry.going for _, entry in window):
+                try:
+                    window.append((todo[started][1], start(started)))
+                except Exception as exc:  # the chapters already running finish first
+                    stopped = exc
+                    break
+                started += 1
+                go_ahead()
+            if not window:
+                break
+            names, current = window.popleft()
+            chapter = current.chapter
             done = finish_chapter(course, current, stamp)
-        except BaseException:
-            for _, other in window:
+            current = None  # finished: nothing of it is left to stop
+            apply_verdicts(course, [chapter])
+            now = time.perf_counter()
+            runs.append(report_chapter(course, plan, chapter, names, done, now - began,
+                                       say))
+            began = now
+    except BaseException:
+        for other in [current] + [entry for _, entry in window]:
+            if other is not None:
                 other.verification.abort()
-            raise
-        apply_verdicts(course, [current.chapter])
-        now = time.perf_counter()
-        runs.append(report_chapter(course, plan, current.chapter, names, done, now - began,
-                                   say))
-        began = now
+        raise
     if stopped is not None:
         raise stopped
     return runs
@@ -1386,7 +1396,7 @@ class Verification:
     before it runs any submission (nothing of it runs on the GPU meanwhile)."""
 
     def __init__(self, course: Course, chapter: str, students: Sequence[str],
-                 cell_timeout_s: int):
+                 cell_timeout_s: int, *, side_by_side: bool = False):
         self.course, self.chapter, self.students = course, chapter, list(students)
         self.process = None
         if not students:
@@ -1405,8 +1415,9 @@ class Verification:
         self.log.write(f"$ {' '.join(command)}\n")
         self.log.flush()
         self.process = subprocess.Popen(command, cwd=course.grader_dir,
-                                        env=dict(os.environ, **GRADING_ENV,
-                                                 **{GPU_LOCK_ENV: gpu_lock_file()}),
+                                        env=dict(os.environ, **GRADING_ENV, **(
+                                            {GPU_LOCK_ENV: gpu_lock_file()} if side_by_side
+                                            else {})),
                                         stdin=subprocess.PIPE, stdout=self.log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -1435,8 +1446,8 @@ class Verification:
                 for student in self.students}
 
     def abort(self) -> None:
-        """The grading of the chapter stopped before the verification could begin."""
-        if self.process is None:
+        """The grading stopped before the verification could finish."""
+        if self.process is None or self.log.closed:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -1786,6 +1797,13 @@ def _split(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
 
 
+def _at_least_one(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {number}")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grader/instructor.py",
                                      description=__doc__.split("\n\n")[0])
@@ -1805,7 +1823,7 @@ def build_parser() -> argparse.ArgumentParser:
     grade_step.add_argument("--gpus", default="", metavar="0,1,...",
                             help="a worker per GPU, each pinned to its GPU (default: one run "
                                  "on whatever GPU the environment gives)")
-    grade_step.add_argument("--chapters-at-once", type=int, default=None, metavar="N",
+    grade_step.add_argument("--chapters-at-once", type=_at_least_one, default=None, metavar="N",
                             help="chapters of a student verified side by side, their timings "
                                  "taking turns on the GPU (default: half the CPU cores, at "
                                  "most 8; 1 for a GPU short of memory; not with --gpus)")

@@ -213,6 +213,7 @@ def test_a_students_chapters_go_side_by_side_and_the_next_student_waits(setup):
             return verdicts
 
     def nbgrader(course, chapter, names, **_):
+        events.append(("recorded", chapter, *names))
         for student in names:
             out = course.autograded_notebook(student, chapter)
             out.parent.mkdir(parents=True)
@@ -225,10 +226,13 @@ def test_a_students_chapters_go_side_by_side_and_the_next_student_waits(setup):
     instructor.prepare = lambda *args, **kwargs: instructor.Plan(
         {CHAPTER: ["alice", "bob"], SECOND: ["alice", "bob"]}, {}, "flags.csv", False)
     runs = instructor.autograde(course, cell_timeout_s=60, at_once=2, say=lambda line: None)
-    assert events == [("go", CHAPTER, "alice"), ("go", SECOND, "alice"),
+    # Each chapter told to go as soon as it is recorded; one more recorded and waiting.
+    assert events == [("recorded", CHAPTER, "alice"), ("go", CHAPTER, "alice"),
+                      ("recorded", SECOND, "alice"), ("go", SECOND, "alice"),
+                      ("recorded", CHAPTER, "bob"),
                       ("done", CHAPTER, "alice"), ("done", SECOND, "alice"),
-                      ("go", CHAPTER, "bob"), ("go", SECOND, "bob"),
-                      ("done", CHAPTER, "bob"), ("done", SECOND, "bob")]
+                      ("go", CHAPTER, "bob"), ("recorded", SECOND, "bob"),
+                      ("go", SECOND, "bob"), ("done", CHAPTER, "bob"), ("done", SECOND, "bob")]
     assert [(run.chapter, run.students) for run in runs] == [
         (CHAPTER, ["alice"]), (SECOND, ["alice"]), (CHAPTER, ["bob"]), (SECOND, ["bob"])]
     for chapter in (CHAPTER, SECOND):

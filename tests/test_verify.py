@@ -221,7 +221,9 @@ def test_a_message_file_holds_raw_tensor_bytes_after_the_message(tmp_path, pipe)
 
 
 @pytest.mark.parametrize("lie", ["more bytes than the file", "a view past its bytes",
-                                 "a marker past the table", "a table that is not one"])
+                                 "a marker past the table", "a table that is not one",
+                                 "more tensors than markers", "a marker used twice",
+                                 "a shape past any size", "a list inside itself, deep"])
 def test_a_message_file_whose_parts_disagree_is_refused(tmp_path, pipe, lie):
     read_fd, write_fd = pipe
     shared = _shared_dir(tmp_path)
@@ -236,12 +238,50 @@ def test_a_message_file_whose_parts_disagree_is_refused(tmp_path, pipe, lie):
         marker = protocol._marker(1)
     elif lie == "a table that is not one":
         table = [(torch.float32, (4, 4), (4, 1), 0, "64")]
-    data = protocol.encode({"message": {"x": marker}, "tensors": table}) + raw.numpy().tobytes()
+    elif lie == "more tensors than markers":  # a million of these would cost a GB to read
+        table += [(torch.uint8, (0,), (1,), 0, 0)] * 1000
+    elif lie == "a marker used twice":
+        marker = [marker, marker]
+    elif lie == "a shape past any size":
+        table = [(torch.float32, (1 << 70, 4), (4, 1), 0, 64)]
+    elif lie == "a list inside itself, deep":
+        for _ in range(5000):
+            marker = [marker]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 50_000))  # for torch.save of it; the reader keeps its own
+    try:
+        data = protocol.encode({"message": {"x": marker}, "tensors": table}) + \
+            raw.numpy().tobytes()
+    finally:
+        sys.setrecursionlimit(limit)
     (Path(shared) / "message-x").write_bytes(data)
     os.write(write_fd, _frame_naming(b"message-x", len(data)))
     with pytest.raises(protocol.MessageRefused, match="message file"):
         protocol.read_message(read_fd, time.monotonic() + 10, shared)
     assert os.listdir(shared) == []
+
+
+def test_a_message_file_that_refers_to_one_list_many_times_is_read_at_once(tmp_path, pipe):
+    # 40 levels of [x, x] pickle to a few hundred bytes: rebuilt as a tree, 2**40 lists.
+    read_fd, write_fd = pipe
+    shared = _shared_dir(tmp_path)
+    nested = [protocol._marker(0)]
+    for _ in range(40):
+        nested = [nested, nested]
+    raw = torch.arange(16, dtype=torch.float32)
+    data = protocol.encode({"message": {"x": nested},
+                            "tensors": [(torch.float32, (16,), (1,), 0, 64)]}) \
+        + raw.numpy().tobytes()
+    (Path(shared) / "message-x").write_bytes(data)
+    os.write(write_fd, _frame_naming(b"message-x", len(data)))
+    started = time.monotonic()
+    back = protocol.read_message(read_fd, time.monotonic() + 10, shared)
+    assert time.monotonic() - started < 5
+    inner = back["x"]
+    for _ in range(40):
+        assert inner[0] is inner[1]
+        inner = inner[0]
+    assert torch.equal(inner[0], raw)
 
 
 def test_a_shared_directory_swapped_for_a_link_is_refused(tmp_path, pipe):

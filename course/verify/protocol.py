@@ -33,6 +33,7 @@ import stat
 import struct
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,8 @@ _IN_FILE = 1 << 63
 _FILE_SIZE = struct.Struct("<Q")  # the frame naming a file: the file's size, then its name
 _MAX_NAME = 255
 _FILE_CHUNK = 256 << 20  # a message file is read this much at a time, the deadline between
+# The most lists, tuples and dicts a message file's message may hold.
+MAX_NODES = 1 << 20
 
 
 @contextlib.contextmanager
@@ -125,8 +128,9 @@ def _without_tensors(message: dict) -> tuple[dict, list[torch.Tensor]]:
 
     def strip(value: object) -> object:
         if isinstance(value, torch.Tensor):
-            if value.layout != torch.strided or value.is_quantized:
-                raise TypeError(f"a {value.layout} tensor has no raw bytes to send")
+            if value.layout != torch.strided or value.is_quantized or value.is_conj() \
+                    or value.is_neg():  # their bytes alone do not say their values
+                raise TypeError("only a plain strided tensor travels as raw bytes")
             t = value.detach()
             if t.device.type != "cpu":
                 t = t.to("cpu")
@@ -159,17 +163,54 @@ def _layouts(skeleton: dict) -> list[tuple[torch.dtype, tuple, tuple, int, int]]
     return table
 
 
-def _with_tensors(value: object, tensors: list[torch.Tensor]) -> object:
-    if isinstance(value, torch.Tensor):
-        if value.device.type != "meta" or value.dim() != 1 or \
-                not 0 <= value.shape[0] < len(tensors):
-            raise MessageRefused("a message file holds a tensor outside its raw part")
-        return tensors[value.shape[0]]
-    if isinstance(value, dict):
-        return {k: _with_tensors(v, tensors) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_with_tensors(v, tensors) for v in value)
-    return value
+def _rebuilt(value: object, marker: Callable[[int], object], deadline: float | None) -> object:
+    """`value` with each marker (a meta tensor of shape (index,)) replaced by
+    `marker(index)`. Each container is rebuilt once, however often the other process's
+    pickle refers to it (a few bytes can nest one list in itself a million times over), and
+    at most MAX_NODES of them."""
+    memo: dict[int, object] = {}
+
+    def rebuild(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "meta" or value.dim() != 1:
+                raise MessageRefused("a message file holds a tensor outside its raw part")
+            return marker(value.shape[0])
+        if not isinstance(value, (dict, list, tuple)):
+            return value
+        if id(value) in memo:
+            return memo[id(value)]
+        if len(memo) >= MAX_NODES or (len(memo) % 4096 == 0 and deadline is not None
+                                      and time.monotonic() > deadline):
+            raise MessageRefused("a message file's message is too large to rebuild in time")
+        if isinstance(value, dict):
+            memo[id(value)] = out = {}
+            out.update((k, rebuild(v)) for k, v in value.items())
+        elif isinstance(value, list):
+            memo[id(value)] = out = []
+            out.extend(rebuild(v) for v in value)
+        else:
+            memo[id(value)] = out = type(value)(rebuild(v) for v in value)
+        return out
+
+    try:
+        return rebuild(value)
+    except RecursionError:
+        raise MessageRefused("a message file's message is nested too deep") from None
+
+
+def _markers_once_each(message: object, count: int, deadline: float | None) -> None:
+    """Refuse a message whose markers are not each of the table's `count` tensors once (a
+    table of a million empty tensors would cost the reader far more than the file)."""
+    seen = [0] * count
+
+    def note(index: int) -> None:
+        if not 0 <= index < count or seen[index]:
+            raise MessageRefused("a message file's markers and its table of tensors disagree")
+        seen[index] = 1
+
+    _rebuilt(message, note, deadline)
+    if sum(seen) != count:
+        raise MessageRefused("a message file's markers and its table of tensors disagree")
 
 
 def _read_into(fd: int, buffer: memoryview, deadline: float | None) -> int:
@@ -201,18 +242,21 @@ def _load_file(fd: int, nbytes: int, deadline: float | None) -> dict:
     table = _layouts(skeleton)
     if len(word) + head + sum(entry[4] for entry in table) != nbytes:
         raise MessageRefused("a message file's tensors do not add up to its size")
+    _markers_once_each(skeleton["message"], len(table), deadline)
     tensors = []
     for dtype, shape, stride, offset, size in table:
+        if deadline is not None and time.monotonic() > deadline:
+            raise ChannelTimeout("the message's file was not read within the time limit")
         storage = torch.empty(size, dtype=torch.uint8)
         if _read_into(fd, memoryview(storage.numpy()), deadline) != size:
             raise MessageRefused("a message file ends inside a tensor")
         try:
             tensors.append(view_on(storage, {"dtype": dtype, "shape": shape,
                                              "stride": stride, "offset": offset}))
-        except (RuntimeError, ValueError) as exc:
+        except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
             raise MessageRefused(f"a message file describes a tensor its bytes cannot hold "
                                  f"({exc})") from None
-    return _with_tensors(skeleton["message"], tensors)
+    return _rebuilt(skeleton["message"], tensors.__getitem__, deadline)
 
 
 def _save_in_file(shared_dir: str, message: dict, size: int) -> tuple[bytes, str] | None:
@@ -325,7 +369,13 @@ def _read_file(shared_dir: str | None, header: bytes, deadline: float | None) ->
                 or info.st_blocks * 512 < nbytes):
             raise MessageRefused(f"the message's file {name!r} is not a plain file of "
                                  f"{nbytes} bytes, every one stored")
-        message = _load_file(fd, nbytes, deadline)
+        try:
+            message = _load_file(fd, nbytes, deadline)
+        except (MessageRefused, ChannelTimeout):
+            raise
+        except Exception as exc:  # whatever else the other process's bytes broke
+            raise MessageRefused(f"the message's file {name!r} could not be read "
+                                 f"({type(exc).__name__}: {exc})") from None
         if os.read(fd, 1):
             raise MessageRefused(f"the message's file {name!r} changed while it was read")
     finally:

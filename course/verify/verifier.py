@@ -285,6 +285,7 @@ class _Run:
             # Shared: a timing of another chapter on this GPU waits until the cell ends.
             with gpu_lock.shared():
                 alive = self._cell(index, cell, label)
+                _settle()  # this process's GPU work ends before the share is given up
             self.verdict.cell_seconds.append([label, round(time.perf_counter() - began, 3)])
         self.learner.process.close()
 
@@ -389,6 +390,11 @@ class _Run:
         cell = self.by_id[label]
         cell.status, cell.reason, cell.output = status, _trim(reason), _trim(output)
         cell.points = cell.max_points if status == "passed" else 0.0
+
+
+def _settle() -> None:
+    with contextlib.suppress(Exception):  # a GPU that faulted says so in the next cell
+        runtime.synchronize()
 
 
 def _error_text(error: dict) -> str:
