@@ -284,6 +284,19 @@ def test_a_message_file_that_refers_to_one_list_many_times_is_read_at_once(tmp_p
     assert torch.equal(inner[0], raw)
 
 
+def test_outputs_a_reply_refers_to_many_times_are_built_once():
+    field = {"kind": "plain", "value": 1}
+    for _ in range(40):  # rebuilt as a tree: 2**40 sequences
+        field = {"kind": "sequence", "items": [field, field], "tuple": False}
+    started = time.monotonic()
+    built = proxy._Outputs().build(field, [])
+    assert time.monotonic() - started < 5
+    for _ in range(40):
+        assert built[0] is built[1]
+        built = built[0]
+    assert built == 1
+
+
 def test_a_shared_directory_swapped_for_a_link_is_refused(tmp_path, pipe):
     read_fd, write_fd = pipe
     elsewhere = tmp_path / "elsewhere"

@@ -385,19 +385,27 @@ class _Outputs:
         self.by_handle: weakref.WeakValueDictionary[int, torch.Tensor] = \
             weakref.WeakValueDictionary()
 
-    def build(self, field: dict | None, records: list[sandbox.CallRecord]) -> object:
+    def build(self, field: dict | None, records: list[sandbox.CallRecord],
+              memo: dict[int, object] | None = None) -> object:
+        """The outputs a reply's field describes; a field the reply refers to twice is
+        built once (a few bytes of pickle can nest one list in itself 2^40 times over)."""
         if field is None:
             return None
+        memo = {} if memo is None else memo
+        if id(field) in memo:
+            return memo[id(field)]
         kind = field["kind"]
         if kind == "tensor":
             t = field["values"].to(torch.device(field["device"]))
             self.by_handle[field["handle"]] = t
             for record in records:
                 record.note_remote_output(t, *field["facts"])
+            memo[id(field)] = t
             return t
         if kind == "sequence":
-            items = [self.build(item, records) for item in field["items"]]
-            return tuple(items) if field["tuple"] else items
+            items = [self.build(item, records, memo) for item in field["items"]]
+            memo[id(field)] = built = tuple(items) if field["tuple"] else items
+            return built
         if kind == "plain":
             return field["value"]
         if kind == "record":
