@@ -614,6 +614,14 @@ def chapters_at_once() -> int:
     return max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
+def _named(batch: Sequence[tuple[str, str]]) -> str:
+    """A batch of (chapter, student) pairs as a log names it: chapter/student,student."""
+    by_chapter: dict[str, list[str]] = {}
+    for chapter, student in batch:
+        by_chapter.setdefault(chapter, []).append(student)
+    return " ".join(f"{chapter}/{','.join(names)}" for chapter, names in by_chapter.items())
+
+
 def one_student_at_a_time(todo: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
     """`todo` as (chapter, [student]) items, each student's chapters together."""
     students = list(dict.fromkeys(s for names in todo.values() for s in names))
@@ -680,14 +688,13 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
     grader/grades_integrity.csv, for the instructor to review. The flags cost no points.
     Up to `at_once` chapters of one student (`chapters_at_once()` by default) are verified
     side by side, their timings taking turns on the GPU (course.gpu_lock). With `gpus`, a
-    worker per GPU grades the submissions one at a time (`autograde_on_gpus`), and
-    `at_once` is not used."""
+    worker per GPU grades the submissions (`autograde_on_gpus`)."""
     if cell_timeout_s is not None and cell_timeout_s <= 0:
         raise GraderError(f"the time limit per cell must be above 0 s, not {cell_timeout_s}")
     plan = prepare(course, chapters, students, say)
     if gpus:
         return autograde_on_gpus(course, plan, gpus, force=force,
-                                 cell_timeout_s=cell_timeout_s, say=say)
+                                 cell_timeout_s=cell_timeout_s, at_once=at_once, say=say)
     stamp = code_stamp(course)
     at_once = max(1, at_once or chapters_at_once())
     todo = list(plan.todo.items()) if at_once == 1 else one_student_at_a_time(plan.todo)
@@ -701,11 +708,32 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
 
     runs = []
     began = time.perf_counter()
-    # Up to `at_once` chapters verify side by side (their timings take turns on the GPU:
-    # course.gpu_lock), never two students' at once: a submission's code may leave work on
-    # the GPU, which should slow no one's kernel but its own. One more is recorded by
-    # nbgrader, its verifier started and waiting: it runs nothing of a submission, nor
-    # anything on the GPU, until its `go`.
+
+    def graded(chapter: str, names: list[str], done: Graded) -> None:
+        nonlocal began
+        apply_verdicts(course, [chapter])
+        now = time.perf_counter()
+        runs.append(report_chapter(course, plan, chapter, names, done, now - began, say))
+        began = now
+
+    grade_side_by_side(course, todo, start, at_once=at_once, stamp=stamp, graded=graded,
+                       say=say)
+    return runs
+
+
+def grade_side_by_side(course: Course, todo: Sequence[tuple[str, list[str]]],
+                       start: Callable[[int], Started], *, at_once: int,
+                       stamp: dict[str, str],
+                       graded: Callable[[str, list[str], Graded], None],
+                       say: Callable[[str], None]) -> None:
+    """Grade `todo`'s (chapter, students) items in order, `start(i)` starting item i, up to
+    `at_once` of them side by side (their timings take turns on the GPU: course.gpu_lock),
+    never two students' at once: a submission's code may leave work on the GPU, which
+    should slow no one's kernel but its own. One more is recorded by nbgrader, its verifier
+    started and waiting: it runs nothing of a submission, nor anything on the GPU, until its
+    `go`. `graded(chapter, students, done)` follows each item, in order. An item that cannot
+    be started stops the rest: those already running are finished first, then its error is
+    raised."""
     window: collections.deque[tuple[list[str], Started]] = collections.deque()
     started, stopped, current = 0, None, None
 
@@ -725,7 +753,7 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
             while stopped is None and started < len(todo) and \
                     all(entry.going for _, entry in window):
                 try:
-                    window.append((todo[started][1], start(started)))
+                    window.append((list(todo[started][1]), start(started)))
                 except Exception as exc:  # the chapters already running finish first
                     stopped = exc
                     break
@@ -737,11 +765,7 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
             chapter = current.chapter
             done = finish_chapter(course, current, stamp)
             current = None  # finished: nothing of it is left to stop
-            apply_verdicts(course, [chapter])
-            now = time.perf_counter()
-            runs.append(report_chapter(course, plan, chapter, names, done, now - began,
-                                       say))
-            began = now
+            graded(chapter, names, done)
     except BaseException:
         for other in [current] + [entry for _, entry in window]:
             if other is not None:
@@ -749,7 +773,6 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
         raise
     if stopped is not None:
         raise stopped
-    return runs
 
 
 def report_chapter(course: Course, plan: Plan, chapter: str, names: Sequence[str],
@@ -810,12 +833,14 @@ def read_results(task_dir: Path) -> list[dict]:
 
 
 def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *,
-             force: bool = False, cell_timeout_s: int | None = None,
+             force: bool = False, cell_timeout_s: int | None = None, at_once: int = 1,
              say: Callable[[str], None] = print) -> list[dict]:
     """Grade `items` ((chapter, student) pairs) into the task at `task_dir`, a chapter at a
     time: nbgrader (a call per student), then one verifier for the chapter's students (its
-    start-up, the copy bandwidth and the compiled kernels, paid once). After each chapter,
-    the task's results say what it did, so a task that dies keeps what it finished."""
+    start-up, the copy bandwidth and the compiled kernels, paid once); with `at_once` above
+    1, a student at a time, that many of their chapters side by side (`grade_side_by_side`).
+    After each chapter, the task's results say what it did, so a task that dies keeps what
+    it finished."""
     task = task_course(course, task_dir)
     # `prepare` compiled the code (in this run's `autograde`, or before the Slurm array):
     # only what is missing or older than its source is compiled here, as an import would.
@@ -825,9 +850,16 @@ def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *
     by_chapter: dict[str, list[str]] = {}
     for chapter, student in items:
         by_chapter.setdefault(chapter, []).append(student)
-    for chapter, students in by_chapter.items():
-        done = grade_chapter(task, chapter, students, force=force,
-                             cell_timeout_s=cell_timeout_s, per_student=True, stamp=stamp)
+    todo = list(by_chapter.items()) if at_once == 1 else one_student_at_a_time(by_chapter)
+
+    def start(index: int) -> Started:
+        chapter, students = todo[index]
+        return start_chapter(task, chapter, students, force=force,
+                             cell_timeout_s=cell_timeout_s, per_student=True, stamp=stamp,
+                             side_by_side=at_once > 1)
+
+    def graded(chapter: str, students: list[str], done: Graded) -> None:
+        nonlocal results
         results = [r for r in results if not (r["chapter"] == chapter
                                               and r["student"] in students)]
         results += [{"chapter": chapter, "student": student,
@@ -840,6 +872,9 @@ def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *
                                             "NOT GRADED by nbgrader")
                 + "; " + "; ".join(line.strip() for line in
                                    verdict_lines(done.verdicts[student], student)))
+
+    grade_side_by_side(task, todo, start, at_once=at_once, stamp=stamp, graded=graded,
+                       say=say)
     return results
 
 
@@ -929,20 +964,32 @@ def _start_task(course: Course, command: list[str], gpu: str) -> subprocess.Pope
 
 
 def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force: bool,
-                      cell_timeout_s: int | None,
+                      cell_timeout_s: int | None, at_once: int | None = None,
                       say: Callable[[str], None] = print) -> list[ChapterRun]:
     """Grade `plan` with a worker per GPU, never two on one GPU. Each chapter's submissions
     are split into a batch per GPU; a worker takes the next batch and grades it in a process
     of its own pinned to its GPU (`task`: one verifier start-up per batch, not per
-    submission). A batch whose process dies or runs past its limit goes back in the queue
-    as single submissions, less those it finished; a single one that fails again scores 0
-    and is listed. A GPU that stops answering takes no more work. Then `merge`."""
+    submission). With `at_once` above 1 (by default `chapters_at_once()` shared among the
+    GPUs), a batch is a student's chapters instead, that many verified side by side. A
+    batch whose process dies or runs past its limit goes back in the queue as single
+    submissions, less those it finished; a single one that fails again scores 0 and is
+    listed. A GPU that stops answering takes no more work. Then `merge`."""
     if len(set(gpus)) != len(gpus):
         raise GraderError(f"GPUS names a GPU twice ({','.join(gpus)}): two workers would "
                           "measure on the same GPU at once")
     shutil.rmtree(course.grader_dir / TASKS, ignore_errors=True)  # an earlier run's leftovers
-    items = collections.deque((chapter, names[k::len(gpus)]) for chapter, names in
-                              plan.todo.items() for k in range(min(len(gpus), len(names))))
+    at_once = max(1, at_once or chapters_at_once() // len(gpus))
+    # A batch: (chapter, student) pairs, one chapter's students or one student's chapters.
+    if at_once == 1:
+        items = collections.deque(
+            [(chapter, st) for st in names[k::len(gpus)]] for chapter, names in
+            plan.todo.items() for k in range(min(len(gpus), len(names))))
+    else:
+        students = list(dict.fromkeys(st for names in plan.todo.values() for st in names))
+        items = collections.deque(
+            [(chapter, st) for chapter, names in plan.todo.items() if st in names]
+            for st in students)
+
     lost: dict[tuple[str, str], str] = {}
     # Each task process checks a stamp of its own, taken as it starts: one taken after an
     # earlier batch changed the code would not see it (and a task that stops on it dies
@@ -959,9 +1006,10 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
     start = time.perf_counter()
     log = course.grader_dir / "logs" / "autograde_workers.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    say(f"grading {sum(len(b) for _, b in items)} submission(s) with {len(gpus)} "
+    say(f"grading {sum(len(b) for b in items)} submission(s) with {len(gpus)} "
         f"worker(s), one per GPU "
-        f"({', '.join(gpus)}) ...")
+        f"({', '.join(gpus)})" + (f", {at_once} chapters of a student at once" if at_once > 1
+                                  else "") + " ...")
 
     def work(gpu: str) -> None:
         while True:
@@ -970,27 +1018,33 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
                     queue_changed.wait()
                 if not items or tampered:
                     return
-                chapter, students = items.popleft()
+                batch = items.popleft()
                 running[0] += 1
             try:
-                answers = grade_batch(gpu, chapter, students)
+                answers = grade_batch(gpu, batch)
             finally:
                 with queue_changed:
                     running[0] -= 1
                     queue_changed.notify_all()
             if not answers:
-                say(f"  GPU {gpu} no longer answers after {chapter}/{','.join(students)}: "
-                    "its worker stops, the others take the rest")
+                say(f"  GPU {gpu} no longer answers after {_named(batch)}: its worker "
+                    "stops, the others take the rest")
                 return
 
-    def grade_batch(gpu: str, chapter: str, students: list[str]) -> bool:
+    def grade_batch(gpu: str, batch: list[tuple[str, str]]) -> bool:
         """One batch in a task process on `gpu`; False when the task died and the GPU no
         longer answers."""
         folder = course.grader_dir / TASKS / f"gpu-{gpu}"
+        by_chapter: dict[str, list[str]] = {}
+        for chapter, student in batch:
+            by_chapter.setdefault(chapter, []).append(student)
         command = [sys.executable, str(course.grader_dir / "instructor.py"), "task",
-                   "--task-dir", str(folder), "--item", chapter, *students,
-                   "--cell-timeout", str(timeout)] + (["--force"] if force else [])
-        limit = 2 * len(students) * _verify_timeout(course, chapter, timeout)
+                   "--task-dir", str(folder)]
+        for chapter, students in by_chapter.items():
+            command += ["--item", chapter, *students]
+        command += ["--cell-timeout", str(timeout)] + (["--force"] if force else []) + (
+            ["--chapters-at-once", str(at_once)] if at_once > 1 else [])
+        limit = 2 * sum(_verify_timeout(course, chapter, timeout) for chapter, _ in batch)
         with lock, open(log, "a") as handle:
             handle.write(f"[gpu {gpu}] $ {' '.join(command)}\n")
         process = _start_task(course, command, gpu)
@@ -1002,10 +1056,9 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
             os.killpg(process.pid, signal.SIGKILL)
             out, _ = process.communicate()
             why = f"its worker on GPU {gpu} ran past {limit:.0f} s and was killed"
-        finished = {r["student"] for r in read_results(folder) if r["chapter"] == chapter}
+        finished = {(r["chapter"], r["student"]) for r in read_results(folder)}
         try:
-            check_code_stamp(course, stamp, f"the batch {chapter}/{','.join(students)} "
-                             f"on GPU {gpu}")
+            check_code_stamp(course, stamp, f"the batch {_named(batch)} on GPU {gpu}")
             changed = None
         except GraderError as exc:
             changed = str(exc)
@@ -1015,16 +1068,16 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
                 tampered.append(changed)
                 items.clear()
                 return True
-            left = [st for st in students if st not in finished]
-            for st in left if why else []:  # nbgrader would skip what the dead task
-                # began or finished of these (their folder under autograded/), whose
+            left = [pair for pair in batch if pair not in finished]
+            for chapter, st in left if why else []:  # nbgrader would skip what the dead
+                # task began or finished of these (their folder under autograded/), whose
                 # grades are in no gradebook that merge reads: graded afresh
                 shutil.rmtree(course.autograded_notebook(st, chapter).parent,
                               ignore_errors=True)
-            if why and len(students) > 1:  # again one at a time: one costs only itself
-                items.extend((chapter, [st]) for st in left)
+            if why and len(batch) > 1:  # again one at a time: one costs only itself
+                items.extend([pair] for pair in left)
             elif why:
-                lost.update({(chapter, st): why for st in left})
+                lost.update({pair: why for pair in left})
         return not why or _gpu_answers(gpu)
 
     workers = [threading.Thread(target=work, args=(gpu,), daemon=True) for gpu in gpus]
@@ -1035,8 +1088,8 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
     if tampered:  # nothing is merged: the tasks' grades are not to be trusted
         raise GraderError(tampered[0])
     check_code_stamp(course, stamp, "the grading on GPUs")
-    for chapter, students in items:  # every GPU stopped answering before these were graded
-        lost.update({(chapter, st): "no GPU was left answering to grade it" for st in students})
+    for batch in items:  # every GPU stopped answering before these were graded
+        lost.update({pair: "no GPU was left answering to grade it" for pair in batch})
     merged = merge(course, say)
     seconds = time.perf_counter() - start
     by_chapter: dict[str, list[dict]] = collections.defaultdict(list)
@@ -1826,7 +1879,7 @@ def build_parser() -> argparse.ArgumentParser:
     grade_step.add_argument("--chapters-at-once", type=_at_least_one, default=None, metavar="N",
                             help="chapters of a student verified side by side, their timings "
                                  "taking turns on the GPU (default: half the CPU cores, at "
-                                 "most 8; 1 for a GPU short of memory; not with --gpus)")
+                                 "most 8, shared among --gpus; 1 for a GPU short of memory)")
     prepare_step = steps.add_parser("prepare", help="scan and register what a cluster's tasks "
                                                     "will grade (before `task`)")
     prepare_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
@@ -1838,12 +1891,15 @@ def build_parser() -> argparse.ArgumentParser:
     which = task_step.add_mutually_exclusive_group(required=True)
     which.add_argument("--share", default=None, metavar="K/N",
                        help="the K-th of N shares of the collected submissions (K from 0)")
-    which.add_argument("--item", nargs="+", metavar="CHAPTER STUDENT",
-                       help="a chapter and one or more of its students")
+    which.add_argument("--item", nargs="+", action="append", metavar="CHAPTER STUDENT",
+                       help="a chapter and one or more of its students (again for more "
+                            "chapters)")
     task_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
     task_step.add_argument("--students", default="", help="comma-separated (default: all)")
     task_step.add_argument("--force", action="store_true")
     task_step.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS")
+    task_step.add_argument("--chapters-at-once", type=_at_least_one, default=1, metavar="N",
+                           help="a student's chapters verified side by side (default: 1)")
     steps.add_parser("merge", help="the tasks' grades into the gradebook (grader/tasks/)")
     feedback_step = steps.add_parser("feedback", help="HTML feedback in grader/feedback/")
     feedback_step.add_argument("--chapters", default="", help="comma-separated (default: all)")
@@ -1889,9 +1945,9 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
             return 0
         if args.step == "task":
             if args.item:
-                if len(args.item) < 2:
+                if any(len(item) < 2 for item in args.item):
                     raise GraderError("--item takes a chapter and at least one student")
-                items = [(args.item[0], student) for student in args.item[1:]]
+                items = [(item[0], student) for item in args.item for student in item[1:]]
                 folder = args.task_dir or course.grader_dir / TASKS / "item"
             else:
                 index, _, count = args.share.partition("/")
@@ -1901,7 +1957,8 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
                             {}, "", True)
                 items = share(plan, int(index), int(count))
                 folder = args.task_dir or course.grader_dir / TASKS / f"share-{index}-of-{count}"
-            run_task(course, folder, items, force=args.force, cell_timeout_s=args.cell_timeout)
+            run_task(course, folder, items, force=args.force, cell_timeout_s=args.cell_timeout,
+                     at_once=args.chapters_at_once)
             return 0
         if args.step == "merge":
             merged = merge(course)

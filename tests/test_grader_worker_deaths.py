@@ -130,7 +130,7 @@ def graded(tmp_path_factory) -> Graded:
         patch.setattr(instructor, "_start_task", start_task)
         patch.setattr(instructor, "_gpu_answers", gpu_answers)
         instructor.autograde(course, [CHAPTER], gpus=["0", "1"], cell_timeout_s=CELL_TIMEOUT_S,
-                             say=printed.append)
+                             at_once=1, say=printed.append)
     return Graded(instructor, course, printed, started)
 
 

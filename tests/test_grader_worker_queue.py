@@ -69,7 +69,7 @@ def _grade(tmp_path, monkeypatch, dies, answers):
     plan = SimpleNamespace(todo={CHAPTER: ["a", "b", "c", "d", "e"]})
     printed: list[str] = []
     instructor.autograde_on_gpus(course, plan, ["0", "1"], force=False, cell_timeout_s=10,
-                                 say=printed.append)
+                                 at_once=1, say=printed.append)
     return ran, printed
 
 

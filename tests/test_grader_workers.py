@@ -3,8 +3,9 @@ and shares on a cluster (grader/slurm_autograde.sbatch's array tasks, then `merg
 giving the gradebook a one-worker run gives.
 
 The class: chapter 02's correct submission and two of its mistakes (one that raises, one
-that ignores the interrupt, its process killed), and chapter 04's setattr cheat (checkers replaced:
-tampering, scored 0 by the verifier); tests/test_grader.py grades the whole class of
+that ignores the interrupt, its process killed), chapter 04's setattr cheat (checkers replaced:
+tampering, scored 0 by the verifier) and chapter 04's correct answers (so that one student
+has two chapters, which side by side go together); tests/test_grader.py grades the whole class of
 mistakes once. This one is small, for it is graded four times, in four copies of the
 course: one worker, two workers (GPUs "0" and "1": in interpreter mode the variable they
 set changes nothing else), three Slurm array tasks run one after the other here (the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,7 @@ from grader_submissions import (  # noqa: E402  (after the skip above)
     CH04_CHEATS,
     ROOT,
     SHORT_LIMIT_SUBMISSIONS,
+    Submission,
     course_for_make,
     write_inbox,
 )
@@ -40,7 +43,7 @@ from grader_submissions import (  # noqa: E402  (after the skip above)
 CELL_TIMEOUT_S = 10  # every legitimate cell of these chapters takes seconds in the interpreter
 CLASS = [s for s in SHORT_LIMIT_SUBMISSIONS if s.chapter == "ch02_roofline"
          and s.student in ("correct", "mistakes_b", "mistakes_d")] + \
-    [s for s in CH04_CHEATS if s.student == "setattr"]
+    [s for s in CH04_CHEATS if s.student == "setattr"] + [Submission("correct", "ch04_fused")]
 CHAPTERS = ("ch02_roofline", "ch04_fused")
 
 pytestmark = [pytest.mark.slow,
@@ -85,7 +88,9 @@ def graded(prepared: Path, where: Path, how: str) -> tuple[Path, str]:
     elif how == "side":  # the chapters verified side by side, timings taking turns
         printed = run(root, "make", "-s", "autograde", limit, "CHAPTERS_AT_ONCE=2")
     elif how == "two":
-        printed = run(root, "make", "-s", "autograde", limit, "GPUS=0,1")
+        printed = run(root, "make", "-s", "autograde", limit, "GPUS=0,1", "CHAPTERS_AT_ONCE=1")
+    elif how == "two_side":  # a student's chapters a batch, side by side on its GPU
+        printed = run(root, "make", "-s", "autograde", limit, "GPUS=0,1", "CHAPTERS_AT_ONCE=2")
     else:
         python = str(root / ".venv" / "bin" / "python")
         printed = run(root, python, "grader/instructor.py", "prepare")
@@ -110,9 +115,10 @@ def runs(prepared, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """The three gradings, each in a copy of its own. One worker and the Slurm tasks (each
     one process at a time) run side by side, which fills the minute each spends waiting on
     the submission that ignores the interrupt; then the two workers."""
-    where = {how: tmp_path_factory.mktemp(how) for how in ("one", "slurm", "two", "side")}
+    where = {how: tmp_path_factory.mktemp(how)
+             for how in ("one", "slurm", "two", "side", "two_side")}
     found = {}
-    for pair in (("one", "slurm"), ("two",), ("side",)):
+    for pair in (("one", "slurm"), ("two",), ("side",), ("two_side",)):
         with ThreadPoolExecutor(max_workers=2) as pool:
             side_by_side = {how: pool.submit(graded, prepared, where[how], how)
                             for how in pair}
@@ -120,7 +126,7 @@ def runs(prepared, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     return found
 
 
-@pytest.mark.parametrize("how", ["two", "slurm", "side"])
+@pytest.mark.parametrize("how", ["two", "slurm", "side", "two_side"])
 def test_parallel_grading_gives_the_grades_of_one_worker(runs, how):
     one, other = runs["one"][0], runs[how][0]
     columns = ("assignment", "student_id", "raw_score", "score", "max_score")
@@ -138,14 +144,29 @@ def test_the_class_is_graded_as_the_end_to_end_test_expects(runs):
     for student in ("mistakes_b", "mistakes_d"):
         assert got[("ch02_roofline", student)] == 0.0
     assert got[("ch04_fused", "setattr")] == 0.0
+    assert got[("ch04_fused", "correct")] > 0.0  # its correctness cells (no GPU here)
 
 
 def test_two_workers_each_pinned_to_its_gpu(runs):
     root, printed = runs["two"]
-    assert "with 2 worker(s), one per GPU (0, 1)" in printed
+    assert "with 2 worker(s), one per GPU (0, 1) ..." in printed
     log = (root / "grader" / "logs" / "autograde_workers.log").read_text()
     assert "[gpu 0] $" in log and "[gpu 1] $" in log
     assert not (root / "grader" / "tasks").exists()  # merged, then removed
+
+
+def test_two_workers_each_take_a_students_chapters_side_by_side(runs):
+    root, printed = runs["two_side"]
+    assert "with 2 worker(s), one per GPU (0, 1), 2 chapters of a student at once" in printed
+    log = (root / "grader" / "logs" / "autograde_workers.log").read_text()
+    # A batch a student, their chapters together (where one worker a GPU takes a batch a
+    # chapter, split between the GPUs).
+    commands = [line for line in log.splitlines() if line.startswith("[gpu ")]
+    assert sorted(re.search(r"--item (.*?) --cell-timeout", c)[1] for c in commands) == \
+        ["ch02_roofline correct --item ch04_fused correct", "ch02_roofline mistakes_b",
+         "ch02_roofline mistakes_d", "ch04_fused setattr"]
+    assert all(c.endswith("--chapters-at-once 2") for c in commands)
+    assert not (root / "grader" / "tasks").exists()
 
 
 def test_merge_names_a_submission_that_no_task_finished(prepared, tmp_path):
