@@ -665,15 +665,6 @@ def finish_chapter(course: Course, started: Started, stamp: dict[str, str]) -> G
     return Graded(started.graded, started.failed, verdicts, started.log)
 
 
-def grade_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
-                  cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str]
-                  ) -> Graded:
-    """`start_chapter`, then `finish_chapter`."""
-    return finish_chapter(course, start_chapter(course, chapter, names, force=force,
-                                                cell_timeout_s=cell_timeout_s,
-                                                per_student=per_student, stamp=stamp), stamp)
-
-
 def autograde(course: Course, chapters: Sequence[str] | None = None,
               students: Sequence[str] | None = None, *, force: bool = False,
               cell_timeout_s: int | None = None, gpus: Sequence[str] | None = None,

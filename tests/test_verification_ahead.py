@@ -1,4 +1,4 @@
-"""grade_chapter starts the verifier before nbgrader runs the chapter (its start, torch and
+"""start_chapter starts the verifier before nbgrader runs the chapter (its start, torch and
 the first learner's process, then overlaps nbgrader's run), and the verifier runs nothing
 of a submission until nbgrader is done and the code stamp checked: a grading that stops
 there leaves no verifier behind and no verdict. A tiny chapter in tmp_path; nbgrader is
@@ -64,8 +64,10 @@ def setup(tmp_path):
 
 
 def _grade(instructor, course):
-    return instructor.grade_chapter(course, CHAPTER, ["alice"], force=False, cell_timeout_s=60,
-                                    per_student=False, stamp=instructor.code_stamp(course))
+    stamp = instructor.code_stamp(course)
+    started = instructor.start_chapter(course, CHAPTER, ["alice"], force=False,
+                                       cell_timeout_s=60, per_student=False, stamp=stamp)
+    return instructor.finish_chapter(course, started, stamp)
 
 
 def test_the_verifier_is_started_before_nbgrader_and_waits_for_it(setup):
