@@ -614,19 +614,33 @@ def chapters_at_once() -> int:
     return max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
+def by_chapter(pairs: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """(chapter, student) pairs as chapter -> its students, in the pairs' order."""
+    found: dict[str, list[str]] = {}
+    for chapter, student in pairs:
+        found.setdefault(chapter, []).append(student)
+    return found
+
+
+def by_student(todo: dict[str, list[str]]) -> dict[str, list[str]]:
+    """chapter -> students as student -> their chapters, in `todo`'s order."""
+    found: dict[str, list[str]] = {}
+    for chapter, names in todo.items():
+        for student in names:
+            found.setdefault(student, []).append(chapter)
+    return found
+
+
 def _named(batch: Sequence[tuple[str, str]]) -> str:
     """A batch of (chapter, student) pairs as a log names it: chapter/student,student."""
-    by_chapter: dict[str, list[str]] = {}
-    for chapter, student in batch:
-        by_chapter.setdefault(chapter, []).append(student)
-    return " ".join(f"{chapter}/{','.join(names)}" for chapter, names in by_chapter.items())
+    return " ".join(f"{chapter}/{','.join(names)}"
+                    for chapter, names in by_chapter(batch).items())
 
 
 def one_student_at_a_time(todo: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
     """`todo` as (chapter, [student]) items, each student's chapters together."""
-    students = list(dict.fromkeys(s for names in todo.values() for s in names))
-    return [(chapter, [student]) for student in students
-            for chapter, names in todo.items() if student in names]
+    return [(chapter, [student]) for student, chapters in by_student(todo).items()
+            for chapter in chapters]
 
 
 def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
@@ -838,10 +852,8 @@ def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *
     compile_code(course, repair=False)
     stamp = code_stamp(course)
     results = read_results(task_dir)
-    by_chapter: dict[str, list[str]] = {}
-    for chapter, student in items:
-        by_chapter.setdefault(chapter, []).append(student)
-    todo = list(by_chapter.items()) if at_once == 1 else one_student_at_a_time(by_chapter)
+    chapters = by_chapter(items)
+    todo = list(chapters.items()) if at_once == 1 else one_student_at_a_time(chapters)
 
     def start(index: int) -> Started:
         chapter, students = todo[index]
@@ -976,10 +988,8 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
             [(chapter, st) for st in names[k::len(gpus)]] for chapter, names in
             plan.todo.items() for k in range(min(len(gpus), len(names))))
     else:
-        students = list(dict.fromkeys(st for names in plan.todo.values() for st in names))
-        items = collections.deque(
-            [(chapter, st) for chapter, names in plan.todo.items() if st in names]
-            for st in students)
+        items = collections.deque([(chapter, student) for chapter in chapters]
+                                  for student, chapters in by_student(plan.todo).items())
 
     lost: dict[tuple[str, str], str] = {}
     # Each task process checks a stamp of its own, taken as it starts: one taken after an
@@ -1026,12 +1036,9 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         """One batch in a task process on `gpu`; False when the task died and the GPU no
         longer answers."""
         folder = course.grader_dir / TASKS / f"gpu-{gpu}"
-        by_chapter: dict[str, list[str]] = {}
-        for chapter, student in batch:
-            by_chapter.setdefault(chapter, []).append(student)
         command = [sys.executable, str(course.grader_dir / "instructor.py"), "task",
                    "--task-dir", str(folder)]
-        for chapter, students in by_chapter.items():
+        for chapter, students in by_chapter(batch).items():
             command += ["--item", chapter, *students]
         command += ["--cell-timeout", str(timeout)] + (["--force"] if force else []) + (
             ["--chapters-at-once", str(at_once)] if at_once > 1 else [])
@@ -1083,16 +1090,16 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         lost.update({pair: "no GPU was left answering to grade it" for pair in batch})
     merged = merge(course, say)
     seconds = time.perf_counter() - start
-    by_chapter: dict[str, list[dict]] = collections.defaultdict(list)
+    results_of: dict[str, list[dict]] = collections.defaultdict(list)
     for r in merged:
-        by_chapter[r["chapter"]].append(r)
+        results_of[r["chapter"]].append(r)
     runs = []
     for chapter, names in plan.todo.items():
-        done = [r["student"] for r in by_chapter[chapter]]
+        done = [r["student"] for r in results_of[chapter]]
         for student in names:
             if student not in done:
                 _zero_grades(course, chapter, student)
-        graded = [r["student"] for r in by_chapter[chapter] if r["nbgrader"]]
+        graded = [r["student"] for r in results_of[chapter] if r["nbgrader"]]
         verdicts = {st: current_verdict(course, chapter, st) for st in names}
         runs.append(report_chapter(
             course, plan, chapter, names,

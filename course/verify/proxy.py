@@ -473,21 +473,20 @@ class RemoteFunction:
 
     def traced(self, *args: object) -> tuple[object, Callable[[], Replay]]:
         """Call it as above, its GPU work traced too: what it returned, and a maker of the
-        Replay of that very call (which raises NotReplayable where there is none)."""
-        reply, out = self.learner.ask({"op": "call", "name": self.name, "trace": True}, args)
+        Replay of that very call (which raises NotReplayable where there is none). The
+        Replay is compiled here from the kernels' source, to be timed in this process
+        (course.verify.replay): called with new arguments of the same layout, it does that
+        work again. The changes each launch makes are not tracked: at the timing shape that
+        copies every argument before each launch."""
+        reply, out = self.learner.ask({"op": "call", "name": self.name, "trace": True,
+                                       "track_changes": False}, args)
         keys = [protocol.key_of(a).text() if isinstance(a, torch.Tensor) else None
                 for a in args]
         return out, lambda: Replay(reply["trace"], keys)
 
     def replayed(self, args: tuple) -> Replay:
-        """The GPU work of one call on `args`, traced in the learner's process and compiled
-        here from the kernels' source, to be timed in this process (course.verify.replay):
-        called with new arguments of the same layout, it does that work again."""
-        reply, _ = self.learner.ask({"op": "call", "name": self.name, "trace": True,
-                                     "track_changes": False}, tuple(args))
-        keys = [protocol.key_of(a).text() if isinstance(a, torch.Tensor) else None
-                for a in args]
-        return Replay(reply["trace"], keys)
+        """The Replay of one traced call on `args` (`traced`)."""
+        return self.traced(*args)[1]()
 
     def __repr__(self) -> str:
         return f"<the learner's {self.name}, in its own process>"
