@@ -3,8 +3,9 @@ by side on one GPU (grader/instructor.py) and no kernel is timed with a neighbou
 
 Every other use of the GPU shares it: the verifier holds it shared for each cell it runs
 (its own test cells, and the learner's cells and calls it asks for, which run only then).
-`bench` takes it alone around every timing: it waits until no cell of any other chapter
-runs, and holds new ones off until the timing ends. A gate before the lock keeps a
+`bench` takes it alone around every timing: it waits until every other chapter's cell has
+ended or gives way (`give_way`, before each request to its learner's process), and holds
+new ones off until the timing ends. A gate before the lock keeps a
 measurement from waiting forever behind a stream of new cells: whoever wants the lock,
 shared or alone, passes the gate first, and a measurement keeps the gate closed while it
 waits.
@@ -26,8 +27,11 @@ ENV = "COURSE_GPU_LOCK"
 
 _files: dict[str, int] = {}  # lock path (and its gate's) -> this process's descriptor
 _held = {"shared": 0, "alone": 0}  # how deep each kind is nested here
-# Called with the seconds a timing waited for the lock (the verifier moves the learner's
-# deadline on by as much: a cell is not charged for its neighbours).
+# Seconds this process has waited for the lock, by kind: where side-by-side time goes.
+waited = {"shared": 0.0, "alone": 0.0}
+# Called with the seconds a timing waited for the lock, or a cell giving way to one (the
+# verifier moves the learner's deadline on by as much: a cell is not charged for its
+# neighbours).
 on_wait: list[Callable[[float], None]] = []
 
 
@@ -61,13 +65,42 @@ def shared() -> Iterator[None]:
         finally:
             _held["shared"] -= 1
         return
+    began = time.monotonic()
     _through_gate(path, fcntl.LOCK_SH)
+    waited["shared"] += time.monotonic() - began
     _held["shared"] += 1
     try:
         yield
     finally:
         _held["shared"] -= 1
         fcntl.flock(_fd(path), fcntl.LOCK_UN)
+
+
+def give_way(settle: Callable[[], None]) -> None:
+    """Inside `shared`, between two pieces of GPU work: when a timing waits at the gate,
+    let it go now rather than at the end of this cell, and take the share again after it
+    (`settle()` first lets this process's queued GPU work end). The verifier does this
+    before each request to the learner's process, so that a timing waits for the calls in
+    flight, not for whole cells. Nothing happens when no one waits."""
+    path = _path()
+    if path is None or not _held["shared"] or _held["alone"]:
+        return
+    gate = _fd(path + ".gate")
+    try:
+        fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # held: someone is waiting for the lock
+    else:
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        return
+    settle()
+    began = time.monotonic()
+    fcntl.flock(_fd(path), fcntl.LOCK_UN)
+    _through_gate(path, fcntl.LOCK_SH)
+    seconds = time.monotonic() - began
+    waited["shared"] += seconds
+    for listener in list(on_wait):
+        listener(seconds)
 
 
 @contextlib.contextmanager
@@ -91,6 +124,7 @@ def alone() -> Iterator[None]:
     _through_gate(path, fcntl.LOCK_EX)
     _held["alone"] += 1
     try:
+        waited["alone"] += time.monotonic() - began
         for listener in list(on_wait):
             listener(time.monotonic() - began)
         yield

@@ -84,6 +84,56 @@ def test_a_timing_inside_a_cell_gives_up_its_share_while_it_waits(tmp_path):
     assert a[1] <= b[0]  # the timings took turns
 
 
+def test_a_cell_gives_way_to_a_waiting_timing_between_two_requests(tmp_path):
+    # The verifier gives way before each request to the learner's process: a timing waits
+    # for the call in flight, not for the rest of the cell.
+    lock, between = tmp_path / "gpu.lock", tmp_path / "between"
+    cell = _holder(lock, "with gpu_lock.shared():\n"
+                         "    print('in', time.monotonic(), flush=True)\n"
+                         f"    while not os.path.exists({str(between)!r}):\n"
+                         "        time.sleep(0.01)\n"
+                         "    gpu_lock.give_way(lambda: print('settled', time.monotonic(), "
+                         "flush=True))\n"
+                         f"    held({str(tmp_path / 'c')!r})\n")
+    _said(cell, "in")
+    timing = _holder(lock, f"with gpu_lock.alone():\n    held({str(tmp_path / 't')!r})\n")
+    time.sleep(0.5)  # the timing waits at the lock
+    between.touch()
+    settled = _said(cell, "settled")
+    timing_in = _said(timing, "in")
+    (tmp_path / "t").touch()
+    timing_out = _said(timing, "out")
+    back = _said(cell, "in")  # the rest of the cell, its share taken again
+    (tmp_path / "c").touch()
+    for process in (cell, timing):
+        process.communicate(timeout=60)
+        assert process.returncode == 0
+    assert settled <= timing_in  # the cell's GPU work ended before the timing went
+    assert back >= timing_out    # and it went on only after the timing
+
+
+def test_giving_way_with_no_timing_waiting_keeps_the_share(tmp_path, monkeypatch):
+    import fcntl
+
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    monkeypatch.setattr(gpu_lock, "_files", {})  # this test's own descriptors, closed after
+    settled = []
+    with gpu_lock.shared():
+        gpu_lock.give_way(lambda: settled.append(True))
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):  # still held: a timing would wait
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    assert settled == []  # no one waited: nothing to let end first
+    gpu_lock.give_way(lambda: settled.append(True))  # outside a cell: nothing to give
+    assert settled == []
+    for fd in gpu_lock._files.values():
+        os.close(fd)
+
+
 def test_without_a_lock_file_nothing_is_locked(tmp_path, monkeypatch):
     monkeypatch.delenv(gpu_lock.ENV, raising=False)
     with gpu_lock.shared(), gpu_lock.alone(), gpu_lock.shared():

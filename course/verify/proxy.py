@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from course import gpu_lock, runtime
 from course.check import guards, sandbox
 from course.verify import protocol
 from course.verify.replay import Replay
@@ -147,6 +148,12 @@ class LearnerException(Exception):
     learner_frame = ""
 
 
+def settle() -> None:
+    """Let this process's queued GPU work end (before another chapter's timing goes)."""
+    with contextlib.suppress(Exception):  # a GPU that faulted says so in the next cell
+        runtime.synchronize()
+
+
 def rebuild_error(error: dict) -> LearnerException:
     """The learner's exception under its own name, deriving from the first built-in class
     it derived from (so that `except RuntimeError` catches a RuntimeError)."""
@@ -218,6 +225,9 @@ class LearnerProcess:
     def request(self, message: dict) -> dict:
         if self.lost is not None:
             raise LearnerLost(self.lost)
+        # A timing of another chapter waiting for the GPU goes before this request, not
+        # after the whole cell (course.gpu_lock).
+        gpu_lock.give_way(settle)
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise CellTimedOut("the cell's time limit ran out")
         self.requests += 1

@@ -56,6 +56,7 @@ from course.verify.proxy import (
     LearnerLost,
     LearnerObject,
     LearnerProcess,
+    settle,
 )
 
 import torch
@@ -92,6 +93,9 @@ class Verdict:
     seconds: float = 0.0
     # [cell, seconds] for each code cell run, restarts included: where the time went
     cell_seconds: list[list] = field(default_factory=list)
+    # Seconds spent waiting for the GPU beside other chapters (course.gpu_lock): for
+    # cells to begin, and for timings to have it alone
+    gpu_wait_seconds: dict = field(default_factory=dict)
     version: int = VERDICT_VERSION
 
     @property
@@ -262,10 +266,13 @@ class _Run:
 
     def run(self) -> None:
         gpu_lock.on_wait.append(self._waited)
+        before = dict(gpu_lock.waited)
         try:
             self._run()
         finally:
             gpu_lock.on_wait.remove(self._waited)
+            self.verdict.gpu_wait_seconds = {
+                kind: round(gpu_lock.waited[kind] - before[kind], 3) for kind in before}
 
     def _run(self) -> None:
         self._start()
@@ -285,7 +292,7 @@ class _Run:
             # Shared: a timing of another chapter on this GPU waits until the cell ends.
             with gpu_lock.shared():
                 alive = self._cell(index, cell, label)
-                _settle()  # this process's GPU work ends before the share is given up
+                settle()  # this process's GPU work ends before the share is given up
             self.verdict.cell_seconds.append([label, round(time.perf_counter() - began, 3)])
         self.learner.process.close()
 
@@ -390,11 +397,6 @@ class _Run:
         cell = self.by_id[label]
         cell.status, cell.reason, cell.output = status, _trim(reason), _trim(output)
         cell.points = cell.max_points if status == "passed" else 0.0
-
-
-def _settle() -> None:
-    with contextlib.suppress(Exception):  # a GPU that faulted says so in the next cell
-        runtime.synchronize()
 
 
 def _error_text(error: dict) -> str:
@@ -521,6 +523,11 @@ def summary(verdict: Verdict) -> str:
     slowest = sorted(verdict.cell_seconds, key=lambda row: -row[1])[:5]
     if slowest:
         lines.append("  slowest cells: " + ", ".join(f"{cell} {s:.1f} s" for cell, s in slowest))
+    waits = {kind: s for kind, s in verdict.gpu_wait_seconds.items() if s >= 0.05}
+    if waits:
+        lines.append("  waited for the GPU: " + ", ".join(
+            f"{s:.1f} s for {'cells to begin' if kind == 'shared' else 'timings alone'}"
+            for kind, s in waits.items()))
     for found in verdict.tampering:
         lines.append(f"  TAMPERING in {found['cell']}: {'; '.join(found['changes'][:3])}")
     for why in verdict.lost:
