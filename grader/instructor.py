@@ -608,10 +608,11 @@ def gpu_lock_file() -> str:
     return str(Path(tempfile.gettempdir()) / f"course-gpu-{os.getuid()}-{name}.lock")
 
 
-def chapters_at_once() -> int:
-    """How many chapters `autograde` verifies side by side by default: a verifier and a
-    learner's process each, about two cores' work, up to the eight chapters."""
-    return max(1, min(8, (os.cpu_count() or 1) // 2))
+def chapters_at_once(gpus: int = 1) -> int:
+    """How many chapters of a student `autograde` verifies side by side on each of `gpus`
+    GPUs by default: a verifier and a learner's process each, about two cores' work, the
+    cores shared among the GPUs, up to the eight chapters."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2 // max(1, gpus)))
 
 
 def by_chapter(pairs: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
@@ -637,10 +638,38 @@ def _named(batch: Sequence[tuple[str, str]]) -> str:
                     for chapter, names in by_chapter(batch).items())
 
 
-def one_student_at_a_time(todo: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
-    """`todo` as (chapter, [student]) items, each student's chapters together."""
-    return [(chapter, [student]) for student, chapters in by_student(todo).items()
-            for chapter in chapters]
+def verify_seconds(course: Course, chapter: str) -> float | None:
+    """The mean time the verifier took on `chapter`'s submissions graded so far (their
+    verdict files), None before any."""
+    times = []
+    for path in (course.grader_dir / VERIFIED / chapter).glob("*.json"):
+        try:
+            seconds = json.loads(path.read_text()).get("seconds")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            times.append(float(seconds))
+    return sum(times) / len(times) if times else None
+
+
+def longest_first(course: Course, chapters: Sequence[str]) -> list[str]:
+    """`chapters` in the order to verify them side by side: the longest first, so that it
+    is not the last to start (each chapter's nbgrader call runs before its verifier goes,
+    one after another). A chapter not verified yet counts as the longest, a later one
+    (by its name, chNN_...) before an earlier one: the later chapters time more."""
+    seconds = {chapter: verify_seconds(course, chapter) for chapter in chapters}
+    return sorted(chapters, reverse=True, key=lambda chapter: (
+        seconds[chapter] if seconds[chapter] is not None else float("inf"), chapter))
+
+
+def one_student_at_a_time(course: Course, todo: dict[str, list[str]]
+                          ) -> list[tuple[str, list[str]]]:
+    """`todo` as (chapter, [student]) items, each student's chapters together, the longest
+    to verify first (`longest_first`)."""
+    students = by_student(todo)
+    ordered = longest_first(course, list(todo))
+    return [(chapter, [student]) for student, chapters in students.items()
+            for chapter in ordered if chapter in chapters]
 
 
 def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
@@ -702,7 +731,8 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
                                  cell_timeout_s=cell_timeout_s, at_once=at_once, say=say)
     stamp = code_stamp(course)
     at_once = max(1, at_once or chapters_at_once())
-    todo = list(plan.todo.items()) if at_once == 1 else one_student_at_a_time(plan.todo)
+    todo = (list(plan.todo.items()) if at_once == 1
+            else one_student_at_a_time(course, plan.todo))
 
     def start(index: int) -> Started:
         chapter, names = todo[index]
@@ -853,7 +883,7 @@ def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *
     stamp = code_stamp(course)
     results = read_results(task_dir)
     chapters = by_chapter(items)
-    todo = list(chapters.items()) if at_once == 1 else one_student_at_a_time(chapters)
+    todo = list(chapters.items()) if at_once == 1 else one_student_at_a_time(task, chapters)
 
     def start(index: int) -> Started:
         chapter, students = todo[index]
@@ -896,6 +926,7 @@ def merge(course: Course, say: Callable[[str], None] = print) -> list[dict]:
     go. Returns every task's results."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    began = time.perf_counter()
     merged: list[dict] = []
     folders = sorted(p for p in (course.grader_dir / TASKS).glob("*") if p.is_dir())
     with Gradebook(course.db_url, course.course_id) as gb:
@@ -922,7 +953,8 @@ def merge(course: Course, say: Callable[[str], None] = print) -> list[dict]:
     chapters = sorted({r["chapter"] for r in merged})
     if chapters:
         apply_verdicts(course, chapters)
-    say(f"merged {len(merged)} graded submission(s) from {len(folders)} task(s)")
+    say(f"merged {len(merged)} graded submission(s) from {len(folders)} task(s) in "
+        f"{time.perf_counter() - began:.0f} s")
     return merged
 
 
@@ -972,8 +1004,9 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
     """Grade `plan` with a worker per GPU, never two on one GPU. Each chapter's submissions
     are split into a batch per GPU; a worker takes the next batch and grades it in a process
     of its own pinned to its GPU (`task`: one verifier start-up per batch, not per
-    submission). With `at_once` above 1 (by default `chapters_at_once()` shared among the
-    GPUs), a batch is a student's chapters instead, that many verified side by side. A
+    submission). With `at_once` above 1 (by default `chapters_at_once(len(gpus))`: the
+    cores shared among the GPUs), a batch is a student's chapters instead, that many
+    verified side by side. A
     batch whose process dies or runs past its limit goes back in the queue as single
     submissions, less those it finished; a single one that fails again scores 0 and is
     listed. A GPU that stops answering takes no more work. Then `merge`."""
@@ -981,7 +1014,7 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         raise GraderError(f"GPUS names a GPU twice ({','.join(gpus)}): two workers would "
                           "measure on the same GPU at once")
     shutil.rmtree(course.grader_dir / TASKS, ignore_errors=True)  # an earlier run's leftovers
-    at_once = max(1, at_once or chapters_at_once() // len(gpus))
+    at_once = max(1, at_once or chapters_at_once(len(gpus)))
     # A batch: (chapter, student) pairs, one chapter's students or one student's chapters.
     if at_once == 1:
         items = collections.deque(
@@ -1045,6 +1078,7 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         limit = 2 * sum(_verify_timeout(course, chapter, timeout) for chapter, _ in batch)
         with lock, open(log, "a") as handle:
             handle.write(f"[gpu {gpu}] $ {' '.join(command)}\n")
+        began = time.perf_counter()
         process = _start_task(course, command, gpu)
         try:
             out, _ = process.communicate(timeout=limit)
@@ -1061,7 +1095,8 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
         except GraderError as exc:
             changed = str(exc)
         with lock, open(log, "a") as handle:
-            handle.write(out + "\n")
+            handle.write(out + f"(GPU {gpu}: {_named(batch)} in "
+                         f"{time.perf_counter() - began:.0f} s)\n")
             if changed is not None:  # no batch starts any more
                 tampered.append(changed)
                 items.clear()
@@ -1721,7 +1756,10 @@ def verdict_lines(verdict: dict | None, student: str) -> list[str]:
                 "grader/logs/verify_*.log)"]
     got = sum(c["points"] for c in verdict["cells"])
     out_of = sum(c["max_points"] for c in verdict["cells"])
-    lines = [f"  {student}: verified {got:g} / {out_of:g} in {verdict['seconds']:.0f} s"]
+    waited = sum(verdict.get("gpu_wait_seconds", {}).values())
+    lines = [f"  {student}: verified {got:g} / {out_of:g} in {verdict['seconds']:.0f} s"
+             + (f" ({waited:.0f} s of it waiting for the GPU beside other chapters)"
+                if waited >= 0.5 else "")]
     for found in verdict.get("tampering", []):
         lines.append(f"  {student}: TAMPERING in {found['cell']}, scored 0 from there on: "
                      + "; ".join(found["changes"][:3]))
@@ -1876,8 +1914,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "on whatever GPU the environment gives)")
     grade_step.add_argument("--chapters-at-once", type=_at_least_one, default=None, metavar="N",
                             help="chapters of a student verified side by side, their timings "
-                                 "taking turns on the GPU (default: half the CPU cores, at "
-                                 "most 8, shared among --gpus; 1 for a GPU short of memory)")
+                                 "taking turns on the GPU (default: half the CPU cores "
+                                 "shared among --gpus, at most 8 a GPU; 1 for a GPU short of "
+                                 "memory)")
     prepare_step = steps.add_parser("prepare", help="scan and register what a cluster's tasks "
                                                     "will grade (before `task`)")
     prepare_step.add_argument("--chapters", default="", help="comma-separated (default: all)")

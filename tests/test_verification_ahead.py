@@ -6,6 +6,7 @@ stood in for (what it does is tested end to end in tests/test_grader.py)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -241,3 +242,37 @@ def test_a_students_chapters_go_side_by_side_and_the_next_student_waits(setup):
         for student in ("alice", "bob"):
             verdict = instructor.current_verdict(course, chapter, student)
             assert [(c["grade_id"], c["points"]) for c in verdict["cells"]] == [("ex01_add", 2)]
+
+
+def test_a_students_chapters_start_longest_first(tmp_path):
+    """Each chapter's nbgrader call runs before its verifier goes, one after another: the
+    chapter that takes longest to verify (the mean of its verdicts on file) starts first,
+    and chapters never verified yet before any, the later ones first."""
+    instructor = load_instructor(ROOT, "instructor_longest_first")
+    course = instructor.Course(root=tmp_path, submitted=tmp_path / "submitted",
+                               autograded=tmp_path / "autograded",
+                               feedback=tmp_path / "feedback", course_id="course",
+                               db_url=f"sqlite:///{tmp_path / 'gradebook.db'}")
+    for chapter, times in (("ch02_b", [30, 50]), ("ch03_c", [10]), ("ch05_e", [45, "x"])):
+        for k, seconds in enumerate(times):
+            path = instructor.verdict_path(course, chapter, f"student{k}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"seconds": seconds}))
+    (tmp_path / "grader" / "verified" / "ch03_c" / "broken.json").write_text("{")
+    chapters = ["ch01_a", "ch02_b", "ch03_c", "ch04_d", "ch05_e"]
+    assert instructor.longest_first(course, chapters) == [
+        "ch04_d", "ch01_a", "ch05_e", "ch02_b", "ch03_c"]
+    todo = {"ch02_b": ["bob", "alice"], "ch03_c": ["alice"], "ch04_d": ["bob"]}
+    assert instructor.one_student_at_a_time(course, todo) == [
+        ("ch04_d", ["bob"]), ("ch02_b", ["bob"]), ("ch02_b", ["alice"]), ("ch03_c", ["alice"])]
+
+
+@pytest.mark.parametrize("cores, gpus, expected", [
+    (2, 1, 1), (16, 1, 8), (64, 1, 8), (16, 2, 4), (32, 2, 8), (32, 4, 4), (8, 8, 1)])
+def test_the_cores_are_shared_among_the_gpus_before_the_cap_of_eight(monkeypatch, cores,
+                                                                       gpus, expected):
+    # A verifier and a learner's process a chapter, about two cores: a 32-core host with
+    # two GPUs verifies 8 chapters on each (it verified 4 when the cap came first).
+    instructor = load_instructor(ROOT, "instructor_chapters_at_once")
+    monkeypatch.setattr(instructor.os, "cpu_count", lambda: cores)
+    assert instructor.chapters_at_once(gpus) == expected
