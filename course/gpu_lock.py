@@ -12,7 +12,10 @@ waits.
 
 Off unless COURSE_GPU_LOCK names the lock's file (the grader sets it for its verifiers, and
 never for a learner's process). Linux `flock`: the lock goes with the process that holds it,
-even a killed one.
+even a killed one. The learner's process runs as the same user and can find the file and
+hold it: no wait here lasts longer than `patience` (the verifier sets its cell time limit),
+and the grader gives each student a lock file of their own, so such a holder only stalls
+its own chapters, and only until their cells time out.
 """
 
 from __future__ import annotations
@@ -35,6 +38,14 @@ waited = {"shared": 0.0, "alone": 0.0}
 on_wait: list[Callable[[float], None]] = []
 
 
+# The longest one wait for the lock may last, in seconds: then LockTimeout.
+patience = 600.0
+
+
+class LockTimeout(TimeoutError):
+    """The GPU lock was not free within `patience` seconds."""
+
+
 def _path() -> str | None:
     return os.environ.get(ENV) or None
 
@@ -45,13 +56,44 @@ def _fd(path: str) -> int:
     return _files[path]
 
 
+def _flock(fd: int, kind: int, deadline: float) -> None:
+    """flock(2) of `kind`, waiting until `deadline` at most (LockTimeout): a poll, short
+    pauses growing to 20 ms."""
+    pause = 0.0005
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockTimeout(f"the GPU lock was not free within {patience:.0f} s (held "
+                                  "by something other than a verifier?)") from None
+            time.sleep(pause)
+            pause = min(2 * pause, 0.02)
+
+
 def _through_gate(path: str, kind: int) -> None:
+    deadline = time.monotonic() + patience
     gate = _fd(path + ".gate")
-    fcntl.flock(gate, fcntl.LOCK_EX)
+    _flock(gate, fcntl.LOCK_EX, deadline)
     try:
-        fcntl.flock(_fd(path), kind)
+        _flock(_fd(path), kind, deadline)
     finally:
         fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def _waited_through_gate(path: str, kind: int, counted_as: str) -> float:
+    """`_through_gate`; the seconds it waited, added to `waited[counted_as]`."""
+    began = time.monotonic()
+    _through_gate(path, kind)
+    seconds = time.monotonic() - began
+    waited[counted_as] += seconds
+    return seconds
+
+
+def _tell(seconds: float) -> None:
+    for listener in list(on_wait):
+        listener(seconds)
 
 
 @contextlib.contextmanager
@@ -65,9 +107,7 @@ def shared() -> Iterator[None]:
         finally:
             _held["shared"] -= 1
         return
-    began = time.monotonic()
-    _through_gate(path, fcntl.LOCK_SH)
-    waited["shared"] += time.monotonic() - began
+    _waited_through_gate(path, fcntl.LOCK_SH, "shared")
     _held["shared"] += 1
     try:
         yield
@@ -94,13 +134,8 @@ def give_way(settle: Callable[[], None]) -> None:
         fcntl.flock(gate, fcntl.LOCK_UN)
         return
     settle()
-    began = time.monotonic()
     fcntl.flock(_fd(path), fcntl.LOCK_UN)
-    _through_gate(path, fcntl.LOCK_SH)
-    seconds = time.monotonic() - began
-    waited["shared"] += seconds
-    for listener in list(on_wait):
-        listener(seconds)
+    _tell(_waited_through_gate(path, fcntl.LOCK_SH, "shared"))
 
 
 @contextlib.contextmanager
@@ -120,17 +155,14 @@ def alone() -> Iterator[None]:
     lock = _fd(path)
     if _held["shared"]:
         fcntl.flock(lock, fcntl.LOCK_UN)
-    began = time.monotonic()
-    _through_gate(path, fcntl.LOCK_EX)
+    seconds = _waited_through_gate(path, fcntl.LOCK_EX, "alone")
     _held["alone"] += 1
     try:
-        waited["alone"] += time.monotonic() - began
-        for listener in list(on_wait):
-            listener(time.monotonic() - began)
+        _tell(seconds)
         yield
     finally:
         _held["alone"] -= 1
-        if _held["shared"]:
-            fcntl.flock(lock, fcntl.LOCK_SH)  # a timing waiting at the gate may go first
+        if _held["shared"]:  # a timing waiting at the gate may go first
+            _flock(lock, fcntl.LOCK_SH, time.monotonic() + patience)
         else:
             fcntl.flock(lock, fcntl.LOCK_UN)

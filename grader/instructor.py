@@ -24,13 +24,16 @@ per submission and in grader/grades_integrity.csv, for the instructor to review.
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import compileall
 import contextlib
 import csv
 import datetime
+import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import marshal
 import os
@@ -556,23 +559,19 @@ def _nbgrader_autograde(course: Course, chapter: str, names: Sequence[str], *, f
     logs = course.logs
     log = logs / f"autograde_{chapter}.log"
     args = ["autograde", chapter] + (["--force"] if force else [])
-    if per_student and len(names) == 1:  # one of a student's chapters: a log of its own
-        log = logs / f"autograde_{chapter}_{names[0]}.log"
-        status = run_nbgrader(course, args + [f"--student={names[0]}"], log, env)
-        text = log.read_text(errors="replace")
-    elif per_student:  # nbgrader's --student is one glob: a call per student keeps it exact
-        statuses, parts = [], []
-        for student in names:
-            part = logs / f"autograde_{chapter}_{student}.log"
-            statuses.append(run_nbgrader(course, args + [f"--student={student}"], part, env))
-            parts.append(part.read_text(errors="replace"))
-            part.unlink()
-        text = "\n".join(parts)
-        log.write_text(text)
-        status = max(statuses)
+    if per_student:  # nbgrader's --student is one glob: a call per student keeps it exact
+        parts = [logs / f"autograde_{chapter}_{student}.log" for student in names]
+        status = max(run_nbgrader(course, args + [f"--student={student}"], part, env)
+                     for student, part in zip(names, parts, strict=True))
+        if len(parts) == 1:  # one of a student's chapters: the log is its own
+            log = parts[0]
+        else:
+            log.write_text("\n".join(part.read_text(errors="replace") for part in parts))
+            for part in parts:
+                part.unlink()
     else:
         status = run_nbgrader(course, args, log, env)
-        text = log.read_text(errors="replace")
+    text = log.read_text(errors="replace")
     reported = {s for ch, s in FAILED_LINE.findall(text) if ch == chapter}
     graded = [s for s in names if course.autograded_notebook(s, chapter).is_file()]
     failed = [s for s in names if s not in graded]
@@ -599,13 +598,24 @@ class Started:
     going: bool = False  # told to go
 
 
-def gpu_lock_file() -> str:
-    """The lock file of the GPU this process grades on (CUDA_VISIBLE_DEVICES, as a worker
-    of `autograde_on_gpus` is pinned): one per GPU of the machine, for every course and
-    worker grading on it."""
-    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or "all"
-    name = re.sub(r"[^A-Za-z0-9_.,-]", "_", gpu)
-    return str(Path(tempfile.gettempdir()) / f"course-gpu-{os.getuid()}-{name}.lock")
+@functools.cache
+def _lock_folder() -> str:
+    folder = tempfile.mkdtemp(prefix="course-gpu-locks-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+_lock_numbers = itertools.count()
+
+
+@functools.cache
+def gpu_lock_file(student: str) -> str:
+    """The lock file `student`'s chapters take turns on (course/gpu_lock.py): one a student,
+    in a folder of this process's, removed as it exits. Only one student's chapters run at
+    once on a GPU, so no lock need be shared between students; and a submission's process,
+    which runs as this user and can find the file and hold it, so stalls only its own
+    chapters."""
+    return str(Path(_lock_folder()) / f"{next(_lock_numbers)}.lock")
 
 
 def chapters_at_once(gpus: int = 1) -> int:
@@ -638,11 +648,12 @@ def _named(batch: Sequence[tuple[str, str]]) -> str:
                     for chapter, names in by_chapter(batch).items())
 
 
-def verify_seconds(course: Course, chapter: str) -> float | None:
-    """The mean time the verifier took on `chapter`'s submissions graded so far (their
-    verdict files), None before any."""
+def verify_seconds(course: Course, chapter: str, sample: int = 16) -> float | None:
+    """The mean time the verifier took on `chapter`'s submissions graded so far (up to
+    `sample` of their verdict files: enough to rank the chapters), None before any."""
     times = []
-    for path in (course.grader_dir / VERIFIED / chapter).glob("*.json"):
+    for path in itertools.islice((course.grader_dir / VERIFIED / chapter).glob("*.json"),
+                                 sample):
         try:
             seconds = json.loads(path.read_text()).get("seconds")
         except (OSError, ValueError, AttributeError):
@@ -662,19 +673,21 @@ def longest_first(course: Course, chapters: Sequence[str]) -> list[str]:
         seconds[chapter] if seconds[chapter] is not None else float("inf"), chapter))
 
 
-def one_student_at_a_time(course: Course, todo: dict[str, list[str]]
-                          ) -> list[tuple[str, list[str]]]:
-    """`todo` as (chapter, [student]) items, each student's chapters together, the longest
-    to verify first (`longest_first`)."""
-    students = by_student(todo)
-    ordered = longest_first(course, list(todo))
-    return [(chapter, [student]) for student, chapters in students.items()
-            for chapter in ordered if chapter in chapters]
+def longest_first_todo(course: Course, todo: dict[str, list[str]]) -> dict[str, list[str]]:
+    """`todo` (chapter -> students) with its chapters in `longest_first` order."""
+    return {chapter: todo[chapter] for chapter in longest_first(course, list(todo))}
+
+
+def one_student_at_a_time(todo: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
+    """`todo` as (chapter, [student]) items, each student's chapters together, in `todo`'s
+    order of chapters."""
+    return [(chapter, [student]) for student, chapters in by_student(todo).items()
+            for chapter in chapters]
 
 
 def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
                   cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str],
-                  side_by_side: bool = False) -> Started:
+                  gpu_lock: str | None = None) -> Started:
     """The verifier of `names` in `chapter` started (it waits for `go`), and nbgrader
     autograde of them (one call, or one per student), which runs no cell: see
     grader/nbgrader_config.py. Nothing of a submission has run yet."""
@@ -687,7 +700,7 @@ def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: 
     stale = [student for student in names if force or verdicts[student] is None]
     verification = Verification(course, chapter, stale,
                                 cell_timeout_s or configured_timeout(course),
-                                side_by_side=side_by_side)
+                                gpu_lock=gpu_lock)
     try:
         graded, failed, log = _nbgrader_autograde(course, chapter, names, force=force,
                                                   per_student=per_student, env=env)
@@ -732,14 +745,14 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
     stamp = code_stamp(course)
     at_once = max(1, at_once or chapters_at_once())
     todo = (list(plan.todo.items()) if at_once == 1
-            else one_student_at_a_time(course, plan.todo))
+            else one_student_at_a_time(longest_first_todo(course, plan.todo)))
 
     def start(index: int) -> Started:
         chapter, names = todo[index]
         return start_chapter(course, chapter, names, force=force,
                              cell_timeout_s=cell_timeout_s,
                              per_student=plan.subset or at_once > 1, stamp=stamp,
-                             side_by_side=at_once > 1)
+                             gpu_lock=gpu_lock_file(names[0]) if at_once > 1 else None)
 
     runs = []
     began = time.perf_counter()
@@ -883,13 +896,14 @@ def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *
     stamp = code_stamp(course)
     results = read_results(task_dir)
     chapters = by_chapter(items)
-    todo = list(chapters.items()) if at_once == 1 else one_student_at_a_time(task, chapters)
+    todo = (list(chapters.items()) if at_once == 1
+            else one_student_at_a_time(longest_first_todo(task, chapters)))
 
     def start(index: int) -> Started:
         chapter, students = todo[index]
         return start_chapter(task, chapter, students, force=force,
                              cell_timeout_s=cell_timeout_s, per_student=True, stamp=stamp,
-                             side_by_side=at_once > 1)
+                             gpu_lock=gpu_lock_file(students[0]) if at_once > 1 else None)
 
     def graded(chapter: str, students: list[str], done: Graded) -> None:
         nonlocal results
@@ -1482,7 +1496,7 @@ class Verification:
     before it runs any submission (nothing of it runs on the GPU meanwhile)."""
 
     def __init__(self, course: Course, chapter: str, students: Sequence[str],
-                 cell_timeout_s: int, *, side_by_side: bool = False):
+                 cell_timeout_s: int, *, gpu_lock: str | None = None):
         self.course, self.chapter, self.students = course, chapter, list(students)
         self.process = None
         if not students:
@@ -1502,8 +1516,7 @@ class Verification:
         self.log.flush()
         self.process = subprocess.Popen(command, cwd=course.grader_dir,
                                         env=dict(os.environ, **GRADING_ENV, **(
-                                            {GPU_LOCK_ENV: gpu_lock_file()} if side_by_side
-                                            else {})),
+                                            {GPU_LOCK_ENV: gpu_lock} if gpu_lock else {})),
                                         stdin=subprocess.PIPE, stdout=self.log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -178,3 +178,36 @@ def test_every_timing_of_the_course_holds_the_gpu_alone(tmp_path, monkeypatch):
     assert seen and set(seen) == {"held alone"}
     probe()
     assert seen[-1] == "free"  # and let go after
+
+
+def test_a_lock_held_by_something_else_fails_the_wait_after_patience(tmp_path, monkeypatch):
+    # A submission's process runs as the grading user and can find the file and hold it:
+    # the verifier's wait ends with LockTimeout (its cell fails), never hangs.
+    import fcntl
+
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    monkeypatch.setattr(gpu_lock, "_files", {})
+    monkeypatch.setattr(gpu_lock, "patience", 0.3)
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        for wait in (gpu_lock.shared, gpu_lock.alone):
+            began = time.monotonic()
+            with pytest.raises(gpu_lock.LockTimeout, match="not free within"):
+                with wait():
+                    pass
+            assert 0.3 <= time.monotonic() - began < 5
+    finally:
+        os.close(holder)
+        for fd in gpu_lock._files.values():
+            os.close(fd)
+
+
+def test_each_student_has_a_lock_file_of_their_own():
+    from grader_submissions import load_instructor
+
+    instructor = load_instructor(ROOT, "instructor_for_the_lock_files")
+    alice, bob = instructor.gpu_lock_file("alice"), instructor.gpu_lock_file("bob")
+    assert alice != bob and instructor.gpu_lock_file("alice") == alice
+    assert Path(alice).parent == Path(bob).parent and Path(alice).parent.is_dir()

@@ -263,7 +263,7 @@ def test_a_students_chapters_start_longest_first(tmp_path):
     assert instructor.longest_first(course, chapters) == [
         "ch04_d", "ch01_a", "ch05_e", "ch02_b", "ch03_c"]
     todo = {"ch02_b": ["bob", "alice"], "ch03_c": ["alice"], "ch04_d": ["bob"]}
-    assert instructor.one_student_at_a_time(course, todo) == [
+    assert instructor.one_student_at_a_time(instructor.longest_first_todo(course, todo)) == [
         ("ch04_d", ["bob"]), ("ch02_b", ["bob"]), ("ch02_b", ["alice"]), ("ch03_c", ["alice"])]
 
 
@@ -276,3 +276,33 @@ def test_the_cores_are_shared_among_the_gpus_before_the_cap_of_eight(monkeypatch
     instructor = load_instructor(ROOT, "instructor_chapters_at_once")
     monkeypatch.setattr(instructor.os, "cpu_count", lambda: cores)
     assert instructor.chapters_at_once(gpus) == expected
+
+
+def test_a_lock_file_held_by_something_else_costs_the_cells_not_a_hang(setup):
+    """A submission's process runs as the grading user and can find its student's lock
+    file and hold it: the verifier waits no longer than a cell's time limit, scores the
+    cells lost, and ends."""
+    import fcntl
+    import os
+    import time
+
+    instructor, course, submitted, ran, started = setup
+    instructor._nbgrader_autograde = lambda course, chapter, names, **_: (
+        list(names), [], course.logs / "autograde.log")
+    lock = instructor.gpu_lock_file("alice")
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # as an outsider would, before the chapter begins
+    try:
+        stamp = instructor.code_stamp(course)
+        began = time.monotonic()
+        chapter = instructor.start_chapter(course, CHAPTER, ["alice"], force=False,
+                                           cell_timeout_s=3, per_student=True, stamp=stamp,
+                                           gpu_lock=lock)
+        verdicts = chapter.verification.finish()
+        assert time.monotonic() - began < 60
+    finally:
+        os.close(holder)
+    verdict = verdicts["alice"]
+    assert [(c["grade_id"], c["points"], c["status"]) for c in verdict["cells"]] == [
+        ("ex01_add", 0, "lost")]
+    assert "not free within 3 s" in verdict["lost"][0] and not ran.exists()

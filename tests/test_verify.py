@@ -924,3 +924,18 @@ def test_a_verifier_ends_with_the_grading_process_that_started_it():
     while _running(child_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(child_pid), "the child outlived the process that started it"
+
+
+def test_a_described_value_a_reply_refers_to_many_times_is_built_once():
+    from course.verify.verifier import _value
+
+    field = {"plain": 1}
+    for _ in range(40):  # rebuilt as a tree: 2**40 sequences
+        field = {"sequence": [field, field], "tuple": False}
+    started = time.monotonic()
+    built = _value(field)
+    assert time.monotonic() - started < 5
+    for _ in range(40):
+        assert built[0] is built[1]
+        built = built[0]
+    assert built == 1

@@ -266,6 +266,7 @@ class _Run:
 
     def run(self) -> None:
         gpu_lock.on_wait.append(self._waited)
+        gpu_lock.patience = self.cell_timeout_s  # a cell waits no longer for the GPU
         before = dict(gpu_lock.waited)
         try:
             self._run()
@@ -290,9 +291,15 @@ class _Run:
                 continue
             began = time.perf_counter()
             # Shared: a timing of another chapter on this GPU waits until the cell ends.
-            with gpu_lock.shared():
-                alive = self._cell(index, cell, label)
-                settle()  # this process's GPU work ends before the share is given up
+            try:
+                with gpu_lock.shared():
+                    alive = self._cell(index, cell, label)
+                    settle()  # this process's GPU work ends before the share is given up
+            except gpu_lock.LockTimeout as exc:  # the lock is this student's own (grader)
+                self.verdict.lost.append(f"{label}: {exc}")
+                if _is_test(cell) and label in self.by_id:
+                    self._score(label, "lost", str(exc))
+                alive = False
             self.verdict.cell_seconds.append([label, round(time.perf_counter() - began, 3)])
         self.learner.process.close()
 
@@ -403,13 +410,18 @@ def _error_text(error: dict) -> str:
     return f"{error['type']}: {error['message']}{error.get('frame', '')}"
 
 
-def _value(field: dict) -> object:
+def _value(field: dict, memo: dict[int, object] | None = None) -> object:
+    """The value a `describe` reply's field gives; a field the reply refers to twice is
+    built once (a few bytes of pickle can nest one list in itself 2^40 times over)."""
     if "plain" in field:
         return field["plain"]
     if "tensor" in field:
         return field["tensor"].to(torch.device(field["device"]))
-    items = [_value(f) for f in field["sequence"]]
-    return tuple(items) if field["tuple"] else items
+    memo = {} if memo is None else memo
+    if id(field) not in memo:
+        items = [_value(f, memo) for f in field["sequence"]]
+        memo[id(field)] = tuple(items) if field["tuple"] else items
+    return memo[id(field)]
 
 
 def learner_process(workdir: Path, env: dict[str, str]) -> LearnerProcess:
