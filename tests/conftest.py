@@ -1,5 +1,6 @@
 """GPU-only tests are marked `gpu`; without a GPU they are skipped, with the reason shown."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,3 +29,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def pipe():
+    """A pipe's (read end, write end), closed afterwards."""
+    read_fd, write_fd = os.pipe()
+    yield read_fd, write_fd
+    os.close(read_fd)
+    os.close(write_fd)

@@ -8,6 +8,8 @@ directory in shared memory for large messages (`course.verify.protocol`). It imp
 the course, keeps a snapshot of what the checks rely on (`course.verify.tamper`), and then
 answers one request at a time:
 
+    mailbox   {bytes}                         a buffer on the GPU for large tensors, mapped by
+                                              the verifier (course.verify.gpu_lane)
     run_cell  {source, label}                 one of the notebook's cells, in an IPython shell
     describe  {name}                          what the notebook binds to `name`
     call      {name, args, kwargs, storages, guards, trace}
@@ -45,7 +47,7 @@ from course.check import guards, sandbox
 from course.check.roofline import _traffic_calls
 from course.check.runner import explain_error
 from course.check.torch_reference import _RefuseBuiltInRMSNorm
-from course.verify import protocol, replay, tamper
+from course.verify import gpu_lane, protocol, replay, tamper
 
 import torch
 
@@ -119,6 +121,8 @@ class Server:
         self.outputs: collections.deque = collections.deque(maxlen=KEEP_OUTPUTS)
         self.forwards: collections.OrderedDict[int, _Forward] = collections.OrderedDict()
         self.handles = itertools.count(1)
+        self.lane: gpu_lane.OwnMailbox | None = None
+        self.reply_lane = False  # the request in hand may be answered through the lane
         self.snapshot = tamper.Snapshot.take()  # last: after everything the course imports
         self.reported: set[str] = set()
 
@@ -133,13 +137,31 @@ class Server:
 
     def handle(self, message: dict) -> dict:
         requests = {"run_cell": self.run_cell, "describe": self.describe, "call": self.call,
-                    "forward": self.forward, "backward": self.backward}
+                    "forward": self.forward, "backward": self.backward,
+                    "mailbox": self.mailbox}
         op = message.get("op")
         if op not in requests:
             raise ValueError(f"unknown request {op!r}")
+        self.reply_lane = bool(message.get("reply_lane")) and self.lane is not None
         reply = requests[op](message)
         reply["tampering"] = self.tampering()
         return reply
+
+    def mailbox(self, message: dict) -> dict:
+        """A new mailbox of `bytes` bytes (0: none) in place of the old one, and its grant."""
+        self.lane = None
+        if not message["bytes"]:
+            return {"grant": None}
+        try:
+            self.lane = gpu_lane.OwnMailbox(message["bytes"])
+        except (gpu_lane.LaneError, RuntimeError) as exc:
+            return {"error": _error(exc)}
+        return {"grant": self.lane.grant}
+
+    def _sent(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor as a reply carries it: on the GPU where the lane takes it (the message's
+        writer copies it), else a plain CPU copy."""
+        return t.detach() if self.reply_lane else protocol.plain_tensor(t)
 
     # ------------------------------------------------------------ cells and names
 
@@ -198,7 +220,7 @@ class Server:
                 kept.copy_(data)
                 self.storages.move_to_end(key)
             else:
-                self.storages[key] = data.to(device, copy=True)
+                self.storages[key] = data.to(device)  # the message's own copy
         total = sum(t.numel() for t in self.storages.values())
         while total > KEEP_STORAGE_BYTES and len(self.storages) > len(incoming):
             _, dropped = self.storages.popitem(last=False)
@@ -227,7 +249,7 @@ class Server:
             facts = record.output_facts(value) if record is not None else (True, True)
             handle = next(self.handles)
             self.outputs.append((handle, value, value.detach().clone()))
-            return {"kind": "tensor", "values": protocol.plain_tensor(value),
+            return {"kind": "tensor", "values": self._sent(value),
                     "device": value.device.type, "facts": facts,
                     "requires_grad": bool(value.requires_grad), "handle": handle}
         if isinstance(value, (tuple, list)):
@@ -253,7 +275,7 @@ class Server:
             else:
                 same = torch.equal(now, sent)
             if not same:
-                changed[handle] = protocol.plain_tensor(now)
+                changed[handle] = self._sent(now)
                 self.outputs[index] = (handle, tensor, now.clone())
         return changed
 
@@ -287,7 +309,7 @@ class Server:
         reply = {"error": error, "record": record.summary() if record is not None else None,
                  "sinks": {name: list(found) for name, found in sinks.items()},
                  "outputs": self._output(result, record) if error is None else None,
-                 "storages_after": {key: self.storages[key].to("cpu", copy=True)
+                 "storages_after": {key: self._sent(self.storages[key])
                                     for key, held in before.items()
                                     if not torch.equal(self.storages[key], held)},
                  "changed_outputs": self._changed_outputs(first_handle)}
@@ -379,7 +401,7 @@ def serve(read_fd: int, write_fd: int, interrupt_fd: int, shared_dir: str | None
     number = 0
     while True:
         try:
-            message = protocol.read_message(read_fd, shared_dir=shared_dir)
+            message = protocol.read_message(read_fd, shared_dir=shared_dir, lane=server.lane)
         except protocol.ChannelClosed:
             return
         number += 1
@@ -395,7 +417,9 @@ def serve(read_fd: int, write_fd: int, interrupt_fd: int, shared_dir: str | None
                                "frame": "", "fatal": False, "bases": []}, "tampering": []}
         finally:
             interrupts.running = 0
-        protocol.write_message(write_fd, reply, shared_dir)
+        protocol.write_message(write_fd, reply, shared_dir,
+                               server.lane if server.reply_lane else None)
+        server.reply_lane = False
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,11 @@ In the file, the message comes first with each tensor replaced by a marker (save
 loaded as above), then every tensor's storage as raw bytes, which the reader reads straight
 into tensors of its own. Where the directory cannot take the message, it goes through the
 pipe.
+
+On a GPU, a message's CUDA tensors go first through the GPU lane where the learner's
+process has granted one (course.verify.gpu_lane): copied into the learner's mailbox on the
+GPU, named in the message by a table of layouts, and copied out by the reader. The table is
+checked as a file's is; what no mailbox holds takes the ways above.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from course.verify import gpu_lane
 
 import torch
 
@@ -154,29 +161,60 @@ def _layouts(skeleton: dict) -> list[tuple[torch.dtype, tuple, tuple, int, int]]
     if not isinstance(table, list) or not isinstance(skeleton.get("message"), dict):
         raise MessageRefused("a message file does not begin with a message and its tensors")
     for entry in table:
-        if not (isinstance(entry, tuple) and len(entry) == 5
-                and isinstance(entry[0], torch.dtype)
-                and all(isinstance(part, tuple) and all(type(v) is int for v in part)
-                        for part in entry[1:3])
-                and all(type(v) is int and v >= 0 for v in entry[3:])):
+        if not _is_layout(entry):
             raise MessageRefused(f"a message file describes a tensor as {entry!r}")
     return table
 
 
-def _rebuilt(value: object, marker: Callable[[int], object], deadline: float | None) -> object:
+def _is_layout(entry: object) -> bool:
+    """(dtype, shape, strides, offset, bytes), each a plain value of its kind."""
+    return (isinstance(entry, tuple) and len(entry) == 5 and isinstance(entry[0], torch.dtype)
+            and all(isinstance(part, tuple) and all(type(v) is int for v in part)
+                    for part in entry[1:3])
+            and all(type(v) is int and v >= 0 for v in entry[3:]))
+
+
+def _lane_layouts(table: object, capacity: int) -> list[tuple]:
+    """The table of a message's GPU lane tensors, each entry plain values lying inside the
+    mailbox (`capacity` bytes), their bytes together at most its size (each costs the
+    reader a copy)."""
+    if not isinstance(table, list) or len(table) > gpu_lane.MAX_TENSORS:
+        raise MessageRefused(f"a message's GPU lane table is not a list of at most "
+                             f"{gpu_lane.MAX_TENSORS} entries")
+    for entry in table:
+        if not _is_layout(entry) or entry[3] + entry[4] > capacity:
+            raise MessageRefused(f"a message's GPU lane table describes a tensor as "
+                                 f"{entry!r:.200}")
+    total = sum(entry[4] for entry in table)
+    if total > capacity:
+        raise MessageRefused(f"a message's GPU lane tensors add up to {total} bytes, more "
+                             f"than the mailbox's {capacity}")
+    return table
+
+
+def _rebuilt(value: object, marker: Callable[[int], object] | None, deadline: float | None,
+             lane: list[torch.Tensor] | None = None) -> object:
     """`value` with each marker (a meta tensor of shape (index,)) replaced by
-    `marker(index)`. Each container is rebuilt once, however often the other process's
-    pickle refers to it (a few bytes can nest one list in itself a million times over), and
-    at most MAX_NODES of them."""
+    `marker(index)` (None: tensors stay as they are), and each GPU lane marker by its tensor
+    of `lane`. Each container is rebuilt once, however often the other process's pickle
+    refers to it (a few bytes can nest one list in itself a million times over), and at
+    most MAX_NODES of them."""
     memo: dict[int, object] = {}
 
     def rebuild(value: object) -> object:
         if isinstance(value, torch.Tensor):
+            if marker is None:
+                return value
             if value.device.type != "meta" or value.dim() != 1:
                 raise MessageRefused("a message file holds a tensor outside its raw part")
             return marker(value.shape[0])
         if not isinstance(value, (dict, list, tuple)):
             return value
+        if lane is not None and isinstance(value, dict) and gpu_lane.MARK in value:
+            index = value[gpu_lane.MARK]
+            if len(value) != 1 or type(index) is not int or not 0 <= index < len(lane):
+                raise MessageRefused("a message's GPU lane marker names no tensor of its table")
+            return lane[index]
         if id(value) in memo:
             return memo[id(value)]
         if len(memo) >= MAX_NODES or (len(memo) % 4096 == 0 and deadline is not None
@@ -227,7 +265,7 @@ def _read_into(fd: int, buffer: memoryview, deadline: float | None) -> int:
     return done
 
 
-def _load_file(fd: int, nbytes: int, deadline: float | None) -> dict:
+def _load_file(fd: int, nbytes: int, deadline: float | None, lane=None) -> dict:
     """The message in a message file of `nbytes` bytes, read from `fd`."""
     word = bytearray(_LENGTH.size)
     if _read_into(fd, memoryview(word), deadline) != len(word):
@@ -256,7 +294,8 @@ def _load_file(fd: int, nbytes: int, deadline: float | None) -> dict:
         except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
             raise MessageRefused(f"a message file describes a tensor its bytes cannot hold "
                                  f"({exc})") from None
-    return _rebuilt(skeleton["message"], tensors.__getitem__, deadline)
+    return _rebuilt(skeleton["message"], tensors.__getitem__, deadline,
+                    _lane_tensors(skeleton["message"], lane))
 
 
 def _save_in_file(shared_dir: str, message: dict, size: int) -> tuple[bytes, str] | None:
@@ -296,9 +335,12 @@ def _write_all(fd: int, frame) -> None:
         data = data[written:]
 
 
-def write_message(fd: int, message: dict, shared_dir: str | None = None) -> None:
-    """Write `message` on `fd`; one larger than IN_FILE_BYTES goes through a file of
-    `shared_dir` (None: always the pipe)."""
+def write_message(fd: int, message: dict, shared_dir: str | None = None, lane=None) -> None:
+    """Write `message` on `fd`; its tensors on the GPU through `lane`'s mailbox where it
+    has one that holds them (course.verify.gpu_lane); one with more than IN_FILE_BYTES
+    of other tensors through a file of `shared_dir` (None: always the pipe)."""
+    if lane is not None and (packed := gpu_lane.pack(message, lane.device, lane.region)):
+        message = packed
     saved = None
     if shared_dir is not None and (size := _tensor_bytes(message)) > IN_FILE_BYTES:
         saved = _save_in_file(shared_dir, message, size)
@@ -329,7 +371,8 @@ def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
-def _read_file(shared_dir: str | None, header: bytes, deadline: float | None) -> dict:
+def _read_file(shared_dir: str | None, header: bytes, deadline: float | None,
+               lane=None) -> dict:
     """The message in the file a frame names, read into this process's memory; the file is
     removed. The name comes from the other process: only a plain name inside
     `shared_dir`, a regular file of the size the frame said with every byte stored (a
@@ -370,7 +413,7 @@ def _read_file(shared_dir: str | None, header: bytes, deadline: float | None) ->
             raise MessageRefused(f"the message's file {name!r} is not a plain file of "
                                  f"{nbytes} bytes, every one stored")
         try:
-            message = _load_file(fd, nbytes, deadline)
+            message = _load_file(fd, nbytes, deadline, lane)
         except (MessageRefused, ChannelTimeout):
             raise
         except Exception as exc:  # whatever else the other process's bytes broke
@@ -384,17 +427,38 @@ def _read_file(shared_dir: str | None, header: bytes, deadline: float | None) ->
     return message
 
 
-def read_message(fd: int, deadline: float | None = None,
-                 shared_dir: str | None = None) -> dict:
+def read_message(fd: int, deadline: float | None = None, shared_dir: str | None = None,
+                 lane=None) -> dict:
     """The next message on `fd`; `deadline` is a time.monotonic() value (None: wait). A
-    message sent through a file is read from `shared_dir`."""
+    message sent through a file is read from `shared_dir`, its GPU tensors from `lane`'s
+    mailbox (course.verify.gpu_lane)."""
     (word,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, deadline))
     if not word & _IN_FILE:
-        return decode(_read_exactly(fd, word, deadline))
+        message = decode(_read_exactly(fd, word, deadline))
+        if gpu_lane.TABLE_KEY not in message:
+            return message
+        return _rebuilt(message, None, deadline, _lane_tensors(message, lane))
     size = word & ~_IN_FILE
     if size > _FILE_SIZE.size + _MAX_NAME:
         raise MessageRefused(f"a frame naming a file is {size} bytes long")
-    return _read_file(shared_dir, _read_exactly(fd, size, deadline), deadline)
+    return _read_file(shared_dir, _read_exactly(fd, size, deadline), deadline, lane)
+
+
+def _lane_tensors(message: dict, lane) -> list[torch.Tensor] | None:
+    """The tensors a message sent through the GPU lane (its table taken out of it), copied
+    into this process's memory; None for a message without."""
+    if not isinstance(message, dict) or gpu_lane.TABLE_KEY not in message:
+        return None
+    table = message.pop(gpu_lane.TABLE_KEY)
+    buffer = lane.region(0) if lane is not None else None
+    if buffer is None:
+        raise MessageRefused("a message came through the GPU lane, but this end has none")
+    table = _lane_layouts(table, buffer.numel())
+    try:
+        return gpu_lane.take(table, buffer, view_on)
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
+        raise MessageRefused(f"a message's GPU lane tensors could not be read ({exc})") \
+            from None
 
 
 # ---------------------------------------------------------------- tensors

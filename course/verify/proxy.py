@@ -32,7 +32,7 @@ from pathlib import Path
 
 from course import gpu_lock, runtime
 from course.check import guards, sandbox
-from course.verify import protocol
+from course.verify import gpu_lane, protocol
 from course.verify.replay import Replay
 
 import torch
@@ -50,6 +50,11 @@ SHARED_ROOT = "/dev/shm"
 SHARED_PREFIX = "course-verify-"
 # A directory this young is left alone even unlocked: its maker may not have locked it yet.
 ORPHAN_AGE_S = 10.0
+# A request with more GPU tensor bytes than this asks the learner's process for a mailbox
+# (course.verify.gpu_lane) of twice the request's bytes, in steps of LANE_MIN_BYTES: a
+# call's outputs come back through it too.
+LANE_FROM_BYTES = protocol.IN_FILE_BYTES
+LANE_MIN_BYTES = 64 << 20
 _shared_dirs: dict[str, int] = {}  # made by this process and not yet removed -> its lock
 
 
@@ -181,6 +186,8 @@ class LearnerProcess:
         self.tampering: list[str] = []       # every change reported so far, in order
         self.new_tampering: list[str] = []   # reported by the latest request
         self.shared_dir: str | None = None   # its message files (None: the pipes only)
+        self.lane: gpu_lane.MappedMailbox | None = None  # its mailbox on the GPU, mapped
+        self.lane_off: str | None = None     # why the lane is not used (None: it may be)
 
     def start(self) -> dict:
         """Start the process (unless `launch` did) and wait until it is ready."""
@@ -214,6 +221,7 @@ class LearnerProcess:
         self._write, self._read = from_parent, to_parent
         self.requests = 0
         self.lost = None
+        self.lane_off = None if runtime.on_gpu() else "no GPU"
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -230,14 +238,17 @@ class LearnerProcess:
         gpu_lock.give_way(settle)
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise CellTimedOut("the cell's time limit ran out")
+        lane = self._lane_for(message)
+        if lane is not None:
+            message = dict(message, reply_lane=True)
         self.requests += 1
         try:
-            protocol.write_message(self._write, message, self.shared_dir)
+            protocol.write_message(self._write, message, self.shared_dir, lane)
         except OSError:
             self._kill("the learner's process is gone (its pipe is closed)")
             raise LearnerLost(self.lost) from None
         try:
-            reply = protocol.read_message(self._read, self.deadline, self.shared_dir)
+            reply = protocol.read_message(self._read, self.deadline, self.shared_dir, self.lane)
         except protocol.ChannelTimeout:
             self._interrupt()
             raise CellTimedOut("the cell's time limit ran out while the learner's code "
@@ -257,6 +268,38 @@ class LearnerProcess:
         self.tampering += self.new_tampering
         return reply
 
+    def _lane_for(self, message: dict) -> gpu_lane.MappedMailbox | None:
+        """The mailbox `message` goes through, asked for (or a larger one) where it has
+        more than LANE_FROM_BYTES on the GPU; None: the host carries it. Where the lane
+        cannot be had, it is not asked for again."""
+        if self.lane_off is not None or message.get("op") == "mailbox":
+            return self.lane
+        device = torch.device("cuda", torch.cuda.current_device())
+        need = gpu_lane.device_bytes(message, device)
+        if need <= LANE_FROM_BYTES or (self.lane is not None and self.lane.nbytes >= need):
+            return self.lane
+        size = -(-2 * need // LANE_MIN_BYTES) * LANE_MIN_BYTES
+        if size > gpu_lane.MAX_BYTES:
+            return None
+        self._close_lane()
+        try:
+            grant = self.request({"op": "mailbox", "bytes": size})
+            if grant.get("error") is not None:
+                raise gpu_lane.LaneError(rebuild_error(grant["error"]))
+            self.lane = gpu_lane.MappedMailbox(grant.get("grant"), device)
+        except (gpu_lane.LaneError, RuntimeError) as exc:
+            self.lane_off = f"the GPU lane could not be had: {exc}"
+            with contextlib.suppress(gpu_lane.LaneError, RuntimeError):
+                self.request({"op": "mailbox", "bytes": 0})  # its memory back
+            return None
+        return self.lane
+
+    def _close_lane(self) -> None:
+        lane, self.lane = self.lane, None
+        if lane is not None:
+            with contextlib.suppress(RuntimeError, gpu_lane.LaneError):
+                lane.close()
+
     def _interrupt(self) -> None:
         """Stop the request in flight: an interrupt, then the reply it leads to is read and
         dropped; if none comes in time, the process is killed."""
@@ -274,7 +317,7 @@ class LearnerProcess:
                 os.kill(self.process.pid, signal.SIGINT)
             try:
                 protocol.read_message(self._read, min(give_up, time.monotonic() + 0.5),
-                                      self.shared_dir)
+                                      self.shared_dir, self.lane)
                 return
             except protocol.ChannelTimeout:
                 if time.monotonic() < give_up:
@@ -301,6 +344,7 @@ class LearnerProcess:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._read = self._write = self._interrupts = None
+        self._close_lane()
         remove_shared_dir(self.shared_dir)
         self.shared_dir = None
 
@@ -349,7 +393,9 @@ class _Packer:
                         "function in its own process")
 
     def fields(self) -> dict:
-        return {"storages": {k: v.to("cpu", copy=True) for k, v in self.storages.items()},
+        """The storages as they travel: GPU ones as they are (the message's writer copies
+        them into the GPU lane or to the host as it sends), CPU ones copied."""
+        return {"storages": {k: v if v.is_cuda else v.clone() for k, v in self.storages.items()},
                 "devices": dict(self.devices)}
 
     def write_back(self, after: dict[str, torch.Tensor]) -> None:
