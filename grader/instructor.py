@@ -625,6 +625,15 @@ def chapters_at_once(gpus: int = 1) -> int:
     return max(1, min(8, (os.cpu_count() or 1) // 2 // max(1, gpus)))
 
 
+def students_per_task(students: int, gpus: int) -> int:
+    """How many students' chapters a task takes with GPUS and chapters side by side: the
+    class shared evenly among the GPUs, at most STUDENTS_PER_TASK. Within a task the next
+    student's first chapter is recorded and its verifier started while this one's chapters
+    run, as one worker does; a task a student paid its start and that first chapter each
+    time."""
+    return max(1, min(STUDENTS_PER_TASK, -(-students // max(1, gpus))))
+
+
 def by_chapter(pairs: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
     """(chapter, student) pairs as chapter -> its students, in the pairs' order."""
     found: dict[str, list[str]] = {}
@@ -858,6 +867,10 @@ def report_chapter(course: Course, plan: Plan, chapter: str, names: Sequence[str
 
 TASKS = "tasks"
 TASK_RESULTS = "results.json"
+# With GPUS and chapters side by side, a task takes at most this many students (see
+# `students_per_task`): fewer tasks of more students save each further student's start,
+# more of fewer balance the GPUs' work at the end.
+STUDENTS_PER_TASK = 8
 
 
 def task_course(course: Course, task_dir: Path) -> Course:
@@ -1019,8 +1032,8 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
     are split into a batch per GPU; a worker takes the next batch and grades it in a process
     of its own pinned to its GPU (`task`: one verifier start-up per batch, not per
     submission). With `at_once` above 1 (by default `chapters_at_once(len(gpus))`: the
-    cores shared among the GPUs), a batch is a student's chapters instead, that many
-    verified side by side. A
+    cores shared among the GPUs), a batch is the chapters of a few students instead
+    (`students_per_task`), each student's verified that many side by side. A
     batch whose process dies or runs past its limit goes back in the queue as single
     submissions, less those it finished; a single one that fails again scores 0 and is
     listed. A GPU that stops answering takes no more work. Then `merge`."""
@@ -1035,8 +1048,11 @@ def autograde_on_gpus(course: Course, plan: Plan, gpus: Sequence[str], *, force:
             [(chapter, st) for st in names[k::len(gpus)]] for chapter, names in
             plan.todo.items() for k in range(min(len(gpus), len(names))))
     else:
-        items = collections.deque([(chapter, student) for chapter in chapters]
-                                  for student, chapters in by_student(plan.todo).items())
+        students = list(by_student(plan.todo).items())
+        size = students_per_task(len(students), len(gpus))
+        items = collections.deque(
+            [(chapter, student) for student, chapters in students[k:k + size]
+             for chapter in chapters] for k in range(0, len(students), size))
 
     lost: dict[tuple[str, str], str] = {}
     # Each task process checks a stamp of its own, taken as it starts: one taken after an

@@ -159,12 +159,13 @@ def test_two_workers_each_take_a_students_chapters_side_by_side(runs):
     root, printed = runs["two_side"]
     assert "with 2 worker(s), one per GPU (0, 1), 2 chapters of a student at once" in printed
     log = (root / "grader" / "logs" / "autograde_workers.log").read_text()
-    # A batch a student, their chapters together (where one worker a GPU takes a batch a
-    # chapter, split between the GPUs).
+    # A batch a few students, each with their chapters together: the four students shared
+    # evenly between the GPUs (where one worker a GPU takes a batch a chapter, split
+    # between the GPUs).
     commands = [line for line in log.splitlines() if line.startswith("[gpu ")]
     assert sorted(re.search(r"--item (.*?) --cell-timeout", c)[1] for c in commands) == \
-        ["ch02_roofline correct --item ch04_fused correct", "ch02_roofline mistakes_b",
-         "ch02_roofline mistakes_d", "ch04_fused setattr"]
+        ["ch02_roofline correct mistakes_b --item ch04_fused correct",
+         "ch02_roofline mistakes_d --item ch04_fused setattr"]
     assert all(c.endswith("--chapters-at-once 2") for c in commands)
     assert not (root / "grader" / "tasks").exists()
 

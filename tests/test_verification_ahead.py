@@ -306,3 +306,11 @@ def test_a_lock_file_held_by_something_else_costs_the_cells_not_a_hang(setup):
     assert [(c["grade_id"], c["points"], c["status"]) for c in verdict["cells"]] == [
         ("ex01_add", 0, "lost")]
     assert "not free within 3 s" in verdict["lost"][0] and not ran.exists()
+
+
+@pytest.mark.parametrize("students, gpus, expected", [
+    (1, 2, 1), (4, 2, 2), (6, 2, 3), (7, 2, 4), (200, 2, 8), (3, 4, 1)])
+def test_a_task_takes_the_class_shared_evenly_among_the_gpus_up_to_eight(students, gpus,
+                                                                        expected):
+    instructor = load_instructor(ROOT, "instructor_students_per_task")
+    assert instructor.students_per_task(students, gpus) == expected
