@@ -3,17 +3,21 @@
 A tensor argument at a timing shape is hundreds of MB. Through the host it costs each
 side a device-to-host copy, a file in shared memory written and read, and a host-to-device
 copy: about 20 s of chapter 08's launch-rule cell on an H100 (docs/grading-time.md). The
-lane is a buffer of the learner's process on the GPU, its mailbox, that the verifier maps
-into its own address space with CUDA's interprocess handles. Only the verifier ever maps
-the other's memory: the learner's process never holds a mapping of the verifier's, so it
-can change nothing the verifier goes on using.
+lane is a buffer on the GPU, the mailbox, that the verifier allocates and the learner's
+process maps with CUDA's interprocess handles.
+
+The verifier owns it: a device allocation of its own (`cuMemAlloc`, outside torch's
+allocator, so that nothing else of the verifier's lives in it), freed only once the
+learner's process has ended, so that no mapping of it outlives the process, nor reaches
+memory the verifier uses for anything else. What the learner's code writes into it at any
+time reaches only the copies the verifier makes of a reply, which it then checks, as it
+checks whatever a reply says.
 
 A message's CUDA tensors are packed into the mailbox, each as a dense run of bytes, and
 replaced in the message by a marker naming their place in a table of layouts; the reader
-copies each run into a tensor of its own before it looks at it. The verifier asks for the
-mailbox (`Mailbox.grant`, the learner's `mailbox` request), sized for its largest request;
-a message that does not fit, or a GPU or system without interprocess handles, goes
-through the host as before.
+copies each run into a tensor of its own before it looks at it (protocol checks the table).
+A message that does not fit, a tensor whose bytes alone do not give its values, or a GPU
+or system without interprocess handles goes through the host as before.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 # Where in a message the table of its lane tensors is, and what stands for each.
 TABLE_KEY = "__gpu_lane__"
 MARK = "__gpu_lane_tensor__"
-# The largest mailbox the verifier maps, and the most tensors one message may hold there.
+# The largest mailbox the verifier allocates, and the most tensors one message may hold.
 MAX_BYTES = 4 << 30
 MAX_TENSORS = 1 << 14
 _ALIGN = 256
@@ -51,11 +55,11 @@ def _driver() -> ctypes.CDLL:
         except OSError as exc:
             raise LaneError(f"no CUDA driver library ({exc})") from None
         u64 = ctypes.c_uint64
+        lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), ctypes.c_size_t]
+        lib.cuMemFree_v2.argtypes = [u64]
         lib.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(_Handle), u64]
         lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(u64), _Handle, ctypes.c_uint]
         lib.cuIpcCloseMemHandle.argtypes = [u64]
-        lib.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(u64),
-                                                ctypes.POINTER(ctypes.c_size_t), u64]
         _driver_lib = lib
     return _driver_lib
 
@@ -63,14 +67,6 @@ def _driver() -> ctypes.CDLL:
 def _check(result: int, what: str) -> None:
     if result != 0:
         raise LaneError(f"{what} failed (CUDA driver error {result})")
-
-
-def _allocation(address: int) -> tuple[int, int]:
-    """The base address and size of the device allocation that holds `address`."""
-    base, size = ctypes.c_uint64(), ctypes.c_size_t()
-    _check(_driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), address),
-           "cuMemGetAddressRange")
-    return base.value, size.value
 
 
 class _Raw:
@@ -82,65 +78,63 @@ class _Raw:
                                          "strides": None}
 
 
-# ---------------------------------------------------------------- the learner's side
+class Mailbox:
+    """The verifier's mailbox: `nbytes` of device memory of its own allocation, and the
+    grant (its interprocess handle) that the learner's process maps it by. `free` it only
+    once that process has ended."""
 
-
-class OwnMailbox:
-    """The learner's process: its mailbox, and the handle the verifier maps it by."""
-
-    def __init__(self, nbytes: int):
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        self.device = self.buffer.device
-        torch.cuda.synchronize()
-        base, _ = _allocation(self.buffer.data_ptr())
-        handle = _Handle()
-        _check(_driver().cuIpcGetMemHandle(ctypes.byref(handle), base), "cuIpcGetMemHandle")
-        self.grant = {"handle": bytes(handle), "offset": self.buffer.data_ptr() - base,
-                      "bytes": nbytes}
+    def __init__(self, nbytes: int, device: torch.device):
+        with torch.cuda.device(device):
+            torch.cuda.synchronize(device)  # torch's primary context made, and current here
+            address = ctypes.c_uint64()
+            _check(_driver().cuMemAlloc_v2(ctypes.byref(address), nbytes), "cuMemAlloc")
+            self.address, self.nbytes, self.device = address.value, nbytes, device
+            try:
+                handle = _Handle()
+                _check(_driver().cuIpcGetMemHandle(ctypes.byref(handle), self.address),
+                       "cuIpcGetMemHandle")
+                self.buffer = torch.as_tensor(_Raw(self.address, nbytes), device=device)
+            except BaseException:
+                _driver().cuMemFree_v2(self.address)
+                raise
+        self.grant = {"handle": bytes(handle), "bytes": nbytes}
 
     def region(self, nbytes: int) -> torch.Tensor | None:
-        return self.buffer if nbytes <= self.buffer.numel() else None
+        return self.buffer if self.buffer is not None and nbytes <= self.nbytes else None
 
-
-# ---------------------------------------------------------------- the verifier's side
+    def free(self) -> None:
+        if self.buffer is None:
+            return
+        self.buffer = None
+        try:
+            torch.cuda.synchronize(self.device)
+        finally:
+            _driver().cuMemFree_v2(self.address)
 
 
 class MappedMailbox:
-    """The verifier: the learner's mailbox mapped here, from the grant its process sent.
-    The grant is the other process's word: its size is checked against the mapping."""
+    """The learner's process: the verifier's mailbox, mapped here from its grant."""
 
-    def __init__(self, grant: object, device: torch.device):
-        if not (isinstance(grant, dict) and isinstance(grant.get("handle"), bytes)
-                and len(grant["handle"]) == 64
-                and all(type(grant.get(k)) is int and grant[k] >= 0 for k in ("offset", "bytes"))
-                and 0 < grant["bytes"] <= MAX_BYTES):
-            raise LaneError(f"the learner's process granted no usable mailbox ({grant!r:.200})")
+    def __init__(self, grant: dict):
         handle = _Handle.from_buffer_copy(grant["handle"])  # every byte, NULs too
-        with torch.cuda.device(device):
-            base = ctypes.c_uint64()
-            _check(_driver().cuIpcOpenMemHandle_v2(ctypes.byref(base), handle, 1),
-                   "cuIpcOpenMemHandle")
-            self.base = base.value
-            try:
-                _, size = _allocation(self.base)
-                if grant["offset"] + grant["bytes"] > size:
-                    raise LaneError(f"the mailbox granted ({grant['bytes']} bytes at "
-                                    f"{grant['offset']}) runs past its allocation ({size})")
-                raw = _Raw(self.base + grant["offset"], grant["bytes"])
-                self.buffer = torch.as_tensor(raw, device=device)
-            except BaseException:
-                _driver().cuIpcCloseMemHandle(self.base)
-                raise
-        self.device = device
-        self.nbytes = grant["bytes"]
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.synchronize(self.device)  # torch's primary context made, and current here
+        base = ctypes.c_uint64()
+        _check(_driver().cuIpcOpenMemHandle_v2(ctypes.byref(base), handle, 1),
+               "cuIpcOpenMemHandle")
+        self.base, self.nbytes = base.value, grant["bytes"]
+        self.buffer = torch.as_tensor(_Raw(self.base, self.nbytes), device=self.device)
 
     def region(self, nbytes: int) -> torch.Tensor | None:
         return self.buffer if self.buffer is not None and nbytes <= self.nbytes else None
 
     def close(self) -> None:
-        if self.buffer is not None:
+        if self.buffer is None:
+            return
+        self.buffer = None
+        try:
             torch.cuda.synchronize(self.device)
-            self.buffer = None
+        finally:
             _driver().cuIpcCloseMemHandle(self.base)
 
 
@@ -156,48 +150,69 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t.clone()  # strides kept where t is dense, contiguous otherwise
 
 
+def _travels(value: object, device: torch.device) -> bool:
+    """A tensor the lane carries: on `device`, plain strided, its bytes alone its values (a
+    conjugated or negated view's are not)."""
+    return (isinstance(value, torch.Tensor) and value.device == device
+            and value.layout == torch.strided and not value.is_quantized
+            and not value.is_conj() and not value.is_neg())
+
+
+def _run(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
 def device_bytes(message: object, device: torch.device) -> int:
-    """Bytes the lane would carry of `message` (its tensors on `device`), alignment in."""
+    """Bytes the lane would carry of `message`, alignment in: each tensor it carries once,
+    however often the message refers to it, as `pack` packs it."""
     total, todo, seen = 0, [message], set()
     while todo:
         value = todo.pop()
-        if isinstance(value, torch.Tensor):
-            if value.device == device:
-                total += -(-value.numel() * value.element_size() // _ALIGN) * _ALIGN
-        elif isinstance(value, (dict, list, tuple)) and id(value) not in seen:
-            seen.add(id(value))
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if _travels(value, device):
+            total += _run(value.numel() * value.element_size())
+        elif isinstance(value, (dict, list, tuple)):
             todo.extend(value.values() if isinstance(value, dict) else value)
     return total
 
 
 def pack(message: dict, device: torch.device,
          region: Callable[[int], torch.Tensor | None]) -> dict | None:
-    """`message` with each tensor on `device` copied into the mailbox (`region(nbytes)`
+    """`message` with each tensor the lane carries copied into the mailbox (`region(nbytes)`
     gives it) and replaced by a marker, the table under TABLE_KEY; None where the mailbox
-    is too small or there are too many tensors (then the host carries the message)."""
+    is too small or there are too many tensors (then the host carries the message). A tensor
+    or container the message refers to twice is packed once, its marker referred to twice."""
     need = device_bytes(message, device)
     buffer = region(need) if need else None
     if buffer is None:
         return None
     table: list[tuple] = []
+    memo: dict[int, object] = {}
     at = 0
 
     def strip(value: object) -> object:
         nonlocal at
-        if isinstance(value, torch.Tensor) and value.device == device:
+        if id(value) in memo:
+            return memo[id(value)]
+        if _travels(value, device):
             if len(table) >= MAX_TENSORS:
                 raise OverflowError
             dense = _dense(value)
             nbytes = dense.numel() * dense.element_size()
             buffer[at:at + nbytes].copy_(_bytes_of(dense))
             table.append((dense.dtype, tuple(dense.shape), tuple(dense.stride()), at, nbytes))
-            at += -(-nbytes // _ALIGN) * _ALIGN
-            return {MARK: len(table) - 1}
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(strip(v) for v in value)
-        return value
+            at += _run(nbytes)
+            out: object = {MARK: len(table) - 1}
+        elif isinstance(value, dict):
+            out = {k: strip(v) for k, v in value.items()}
+        elif isinstance(value, (list, tuple)):
+            out = type(value)(strip(v) for v in value)
+        else:
+            return value
+        memo[id(value)] = out
+        return out
 
     try:
         stripped = strip(message)

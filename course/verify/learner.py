@@ -8,8 +8,8 @@ directory in shared memory for large messages (`course.verify.protocol`). It imp
 the course, keeps a snapshot of what the checks rely on (`course.verify.tamper`), and then
 answers one request at a time:
 
-    mailbox   {bytes}                         a buffer on the GPU for large tensors, mapped by
-                                              the verifier (course.verify.gpu_lane)
+    mailbox   {grant}                         map the verifier's buffer on the GPU for large
+                                              tensors (course.verify.gpu_lane)
     run_cell  {source, label}                 one of the notebook's cells, in an IPython shell
     describe  {name}                          what the notebook binds to `name`
     call      {name, args, kwargs, storages, guards, trace}
@@ -121,7 +121,7 @@ class Server:
         self.outputs: collections.deque = collections.deque(maxlen=KEEP_OUTPUTS)
         self.forwards: collections.OrderedDict[int, _Forward] = collections.OrderedDict()
         self.handles = itertools.count(1)
-        self.lane: gpu_lane.OwnMailbox | None = None
+        self.lane: gpu_lane.MappedMailbox | None = None
         self.reply_lane = False  # the request in hand may be answered through the lane
         self.snapshot = tamper.Snapshot.take()  # last: after everything the course imports
         self.reported: set[str] = set()
@@ -138,7 +138,7 @@ class Server:
     def handle(self, message: dict) -> dict:
         requests = {"run_cell": self.run_cell, "describe": self.describe, "call": self.call,
                     "forward": self.forward, "backward": self.backward,
-                    "mailbox": self.mailbox}
+                    "mailbox": self.mailbox, "unreadable": self.unreadable}
         op = message.get("op")
         if op not in requests:
             raise ValueError(f"unknown request {op!r}")
@@ -148,20 +148,27 @@ class Server:
         return reply
 
     def mailbox(self, message: dict) -> dict:
-        """A new mailbox of `bytes` bytes (0: none) in place of the old one, and its grant."""
-        self.lane = None
-        if not message["bytes"]:
-            return {"grant": None}
+        """Map the verifier's new mailbox, in place of the old one."""
+        old, self.lane = self.lane, None
+        if old is not None:
+            with contextlib.suppress(RuntimeError):
+                old.close()
         try:
-            self.lane = gpu_lane.OwnMailbox(message["bytes"])
-        except (gpu_lane.LaneError, RuntimeError) as exc:
+            self.lane = gpu_lane.MappedMailbox(message["grant"])
+        except RuntimeError as exc:  # LaneError among them
             return {"error": _error(exc)}
-        return {"grant": self.lane.grant}
+        return {}
+
+    def unreadable(self, message: dict) -> dict:
+        """A request read whole but not usable here (its GPU tensors could not be copied
+        out: a GPU this process faulted): said, and the next one is read as usual."""
+        return {"error": _error(RuntimeError(f"the request could not be read here: "
+                                             f"{message['why']}"))}
 
     def _sent(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor as a reply carries it: on the GPU where the lane takes it (the message's
         writer copies it), else a plain CPU copy."""
-        return t.detach() if self.reply_lane else protocol.plain_tensor(t)
+        return t.detach() if self.reply_lane and t.is_cuda else protocol.plain_tensor(t)
 
     # ------------------------------------------------------------ cells and names
 
@@ -404,6 +411,8 @@ def serve(read_fd: int, write_fd: int, interrupt_fd: int, shared_dir: str | None
             message = protocol.read_message(read_fd, shared_dir=shared_dir, lane=server.lane)
         except protocol.ChannelClosed:
             return
+        except protocol.MessageRefused as exc:  # read whole, but not usable (a faulted GPU)
+            message = {"op": "unreadable", "why": str(exc)}
         number += 1
         if message.get("op") == "exit":
             return
@@ -417,8 +426,12 @@ def serve(read_fd: int, write_fd: int, interrupt_fd: int, shared_dir: str | None
                                "frame": "", "fatal": False, "bases": []}, "tampering": []}
         finally:
             interrupts.running = 0
-        protocol.write_message(write_fd, reply, shared_dir,
-                               server.lane if server.reply_lane else None)
+        try:
+            protocol.write_message(write_fd, reply, shared_dir,
+                                   server.lane if server.reply_lane else None)
+        except RuntimeError as exc:  # the lane's copies (a faulted GPU): nothing was sent
+            protocol.write_message(write_fd, {"error": _error(exc), "tampering": []},
+                                   shared_dir)
         server.reply_lane = False
 
 

@@ -22,10 +22,10 @@ loaded as above), then every tensor's storage as raw bytes, which the reader rea
 into tensors of its own. Where the directory cannot take the message, it goes through the
 pipe.
 
-On a GPU, a message's CUDA tensors go first through the GPU lane where the learner's
-process has granted one (course.verify.gpu_lane): copied into the learner's mailbox on the
-GPU, named in the message by a table of layouts, and copied out by the reader. The table is
-checked as a file's is; what no mailbox holds takes the ways above.
+On a GPU, a message's CUDA tensors go through the GPU lane where the verifier has lent
+one (course.verify.gpu_lane): copied into the verifier's mailbox on the GPU, which the
+learner's process maps, named in the message by a table of layouts, and copied out by the
+reader. The table is checked as a file's is; what no mailbox holds takes the ways above.
 """
 
 from __future__ import annotations
@@ -200,6 +200,7 @@ def _rebuilt(value: object, marker: Callable[[int], object] | None, deadline: fl
     refers to it (a few bytes can nest one list in itself a million times over), and at
     most MAX_NODES of them."""
     memo: dict[int, object] = {}
+    lane_used: set[int] = set()
 
     def rebuild(value: object) -> object:
         if isinstance(value, torch.Tensor):
@@ -210,13 +211,18 @@ def _rebuilt(value: object, marker: Callable[[int], object] | None, deadline: fl
             return marker(value.shape[0])
         if not isinstance(value, (dict, list, tuple)):
             return value
-        if lane is not None and isinstance(value, dict) and gpu_lane.MARK in value:
-            index = value[gpu_lane.MARK]
-            if len(value) != 1 or type(index) is not int or not 0 <= index < len(lane):
-                raise MessageRefused("a message's GPU lane marker names no tensor of its table")
-            return lane[index]
         if id(value) in memo:
             return memo[id(value)]
+        if lane is not None and isinstance(value, dict) and gpu_lane.MARK in value:
+            index = value[gpu_lane.MARK]
+            # Each of the table's tensors by one marker (referred to as often as the
+            # message likes): two that alias would reach the checks as two tensors.
+            if len(value) != 1 or type(index) is not int or not 0 <= index < len(lane) \
+                    or index in lane_used:
+                raise MessageRefused("a message's GPU lane markers and its table disagree")
+            lane_used.add(index)
+            memo[id(value)] = lane[index]
+            return lane[index]
         if len(memo) >= MAX_NODES or (len(memo) % 4096 == 0 and deadline is not None
                                       and time.monotonic() > deadline):
             raise MessageRefused("a message file's message is too large to rebuild in time")

@@ -186,7 +186,8 @@ class LearnerProcess:
         self.tampering: list[str] = []       # every change reported so far, in order
         self.new_tampering: list[str] = []   # reported by the latest request
         self.shared_dir: str | None = None   # its message files (None: the pipes only)
-        self.lane: gpu_lane.MappedMailbox | None = None  # its mailbox on the GPU, mapped
+        self.lane: gpu_lane.Mailbox | None = None  # the GPU mailbox its process maps now
+        self.mailboxes: list[gpu_lane.Mailbox] = []  # every one it may map: freed once it ends
         self.lane_off: str | None = None     # why the lane is not used (None: it may be)
 
     def start(self) -> dict:
@@ -248,7 +249,7 @@ class LearnerProcess:
             self._kill("the learner's process is gone (its pipe is closed)")
             raise LearnerLost(self.lost) from None
         try:
-            reply = protocol.read_message(self._read, self.deadline, self.shared_dir, self.lane)
+            reply = protocol.read_message(self._read, self.deadline, self.shared_dir, lane)
         except protocol.ChannelTimeout:
             self._interrupt()
             raise CellTimedOut("the cell's time limit ran out while the learner's code "
@@ -268,12 +269,12 @@ class LearnerProcess:
         self.tampering += self.new_tampering
         return reply
 
-    def _lane_for(self, message: dict) -> gpu_lane.MappedMailbox | None:
-        """The mailbox `message` goes through, asked for (or a larger one) where it has
-        more than LANE_FROM_BYTES on the GPU; None: the host carries it. Where the lane
-        cannot be had, it is not asked for again."""
+    def _lane_for(self, message: dict) -> gpu_lane.Mailbox | None:
+        """The mailbox `message` and its reply go through (None: the host carries them): a
+        new, larger one, mapped by the learner's process, where the message has more than
+        LANE_FROM_BYTES on the GPU. Where the lane cannot be had, it is not tried again."""
         if self.lane_off is not None or message.get("op") == "mailbox":
-            return self.lane
+            return None
         device = torch.device("cuda", torch.cuda.current_device())
         need = gpu_lane.device_bytes(message, device)
         if need <= LANE_FROM_BYTES or (self.lane is not None and self.lane.nbytes >= need):
@@ -281,24 +282,19 @@ class LearnerProcess:
         size = -(-2 * need // LANE_MIN_BYTES) * LANE_MIN_BYTES
         if size > gpu_lane.MAX_BYTES:
             return None
-        self._close_lane()
         try:
-            grant = self.request({"op": "mailbox", "bytes": size})
-            if grant.get("error") is not None:
-                raise gpu_lane.LaneError(rebuild_error(grant["error"]))
-            self.lane = gpu_lane.MappedMailbox(grant.get("grant"), device)
+            mailbox = gpu_lane.Mailbox(size, device)
         except (gpu_lane.LaneError, RuntimeError) as exc:
-            self.lane_off = f"the GPU lane could not be had: {exc}"
-            with contextlib.suppress(gpu_lane.LaneError, RuntimeError):
-                self.request({"op": "mailbox", "bytes": 0})  # its memory back
+            self.lane_off = f"no GPU lane: {exc}"
             return None
-        return self.lane
-
-    def _close_lane(self) -> None:
-        lane, self.lane = self.lane, None
-        if lane is not None:
-            with contextlib.suppress(RuntimeError, gpu_lane.LaneError):
-                lane.close()
+        self.mailboxes.append(mailbox)  # from here on its process may map it
+        self.lane = None  # its process lets go of the old one first
+        reply = self.request({"op": "mailbox", "grant": mailbox.grant})
+        if reply.get("error") is not None:
+            self.lane_off = f"no GPU lane: {rebuild_error(reply['error'])}"
+            return None
+        self.lane = mailbox
+        return mailbox
 
     def _interrupt(self) -> None:
         """Stop the request in flight: an interrupt, then the reply it leads to is read and
@@ -344,7 +340,11 @@ class LearnerProcess:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._read = self._write = self._interrupts = None
-        self._close_lane()
+        # The process has ended (killed and waited for, or gone): nothing maps these now.
+        for mailbox in self.mailboxes:
+            with contextlib.suppress(RuntimeError):
+                mailbox.free()
+        self.mailboxes, self.lane = [], None
         remove_shared_dir(self.shared_dir)
         self.shared_dir = None
 
