@@ -78,7 +78,29 @@ class _Raw:
                                          "strides": None}
 
 
-class Mailbox:
+class _Lane:
+    """A mailbox as either side sees it: `buffer` (uint8, on `device`) of `nbytes`."""
+
+    buffer: torch.Tensor | None
+    nbytes: int
+    device: torch.device
+
+    def region(self, nbytes: int) -> torch.Tensor | None:
+        """The mailbox, where `nbytes` fit in it."""
+        return self.buffer if self.buffer is not None and nbytes <= self.nbytes else None
+
+    def _let_go(self, release: Callable[[], object]) -> None:
+        """No more copies here: the queued ones end, then `release` (once)."""
+        if self.buffer is None:
+            return
+        self.buffer = None
+        try:
+            torch.cuda.synchronize(self.device)
+        finally:
+            release()
+
+
+class Mailbox(_Lane):
     """The verifier's mailbox: `nbytes` of device memory of its own allocation, and the
     grant (its interprocess handle) that the learner's process maps it by. `free` it only
     once that process has ended."""
@@ -99,20 +121,11 @@ class Mailbox:
                 raise
         self.grant = {"handle": bytes(handle), "bytes": nbytes}
 
-    def region(self, nbytes: int) -> torch.Tensor | None:
-        return self.buffer if self.buffer is not None and nbytes <= self.nbytes else None
-
     def free(self) -> None:
-        if self.buffer is None:
-            return
-        self.buffer = None
-        try:
-            torch.cuda.synchronize(self.device)
-        finally:
-            _driver().cuMemFree_v2(self.address)
+        self._let_go(lambda: _driver().cuMemFree_v2(self.address))
 
 
-class MappedMailbox:
+class MappedMailbox(_Lane):
     """The learner's process: the verifier's mailbox, mapped here from its grant."""
 
     def __init__(self, grant: dict):
@@ -125,17 +138,8 @@ class MappedMailbox:
         self.base, self.nbytes = base.value, grant["bytes"]
         self.buffer = torch.as_tensor(_Raw(self.base, self.nbytes), device=self.device)
 
-    def region(self, nbytes: int) -> torch.Tensor | None:
-        return self.buffer if self.buffer is not None and nbytes <= self.nbytes else None
-
     def close(self) -> None:
-        if self.buffer is None:
-            return
-        self.buffer = None
-        try:
-            torch.cuda.synchronize(self.device)
-        finally:
-            _driver().cuIpcCloseMemHandle(self.base)
+        self._let_go(lambda: _driver().cuIpcCloseMemHandle(self.base))
 
 
 # ---------------------------------------------------------------- messages
