@@ -11,7 +11,9 @@ allocator, so that nothing else of the verifier's lives in it), freed only once 
 learner's process has ended, so that no mapping of it outlives the process, nor reaches
 memory the verifier uses for anything else. What the learner's code writes into it at any
 time reaches only the copies the verifier makes of a reply, which it then checks, as it
-checks whatever a reply says.
+checks whatever a reply says. (A process the learner's code leaves running past the kill
+could keep the mailbox mapped after it is freed, which CUDA leaves undefined; such a process
+runs as the grading user, with every power over the verifier already: grader/README.md.)
 
 A message's CUDA tensors are packed into the mailbox, each as a dense run of bytes, and
 replaced in the message by a marker naming their place in a table of layouts; the reader
