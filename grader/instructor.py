@@ -694,6 +694,21 @@ def one_student_at_a_time(todo: dict[str, list[str]]) -> list[tuple[str, list[st
             for chapter in chapters]
 
 
+def grading_order(course: Course, todo: dict[str, list[str]],
+                  at_once: int) -> list[tuple[str, list[str]]]:
+    """`todo` as the (chapter, students) items `grade_side_by_side` takes: a chapter at a
+    time, or with `at_once` above 1 a student at a time, their longest chapters first."""
+    if at_once == 1:
+        return list(todo.items())
+    return one_student_at_a_time(longest_first_todo(course, todo))
+
+
+def side_by_side_lock(names: Sequence[str], at_once: int) -> str | None:
+    """The GPU lock file of an item of `grading_order` (its one student's), or None when
+    chapters are not verified side by side."""
+    return gpu_lock_file(names[0]) if at_once > 1 else None
+
+
 def start_chapter(course: Course, chapter: str, names: Sequence[str], *, force: bool,
                   cell_timeout_s: int | None, per_student: bool, stamp: dict[str, str],
                   gpu_lock: str | None = None) -> Started:
@@ -753,15 +768,14 @@ def autograde(course: Course, chapters: Sequence[str] | None = None,
                                  cell_timeout_s=cell_timeout_s, at_once=at_once, say=say)
     stamp = code_stamp(course)
     at_once = max(1, at_once or chapters_at_once())
-    todo = (list(plan.todo.items()) if at_once == 1
-            else one_student_at_a_time(longest_first_todo(course, plan.todo)))
+    todo = grading_order(course, plan.todo, at_once)
 
     def start(index: int) -> Started:
         chapter, names = todo[index]
         return start_chapter(course, chapter, names, force=force,
                              cell_timeout_s=cell_timeout_s,
                              per_student=plan.subset or at_once > 1, stamp=stamp,
-                             gpu_lock=gpu_lock_file(names[0]) if at_once > 1 else None)
+                             gpu_lock=side_by_side_lock(names, at_once))
 
     runs = []
     began = time.perf_counter()
@@ -909,14 +923,13 @@ def run_task(course: Course, task_dir: Path, items: Sequence[tuple[str, str]], *
     stamp = code_stamp(course)
     results = read_results(task_dir)
     chapters = by_chapter(items)
-    todo = (list(chapters.items()) if at_once == 1
-            else one_student_at_a_time(longest_first_todo(task, chapters)))
+    todo = grading_order(task, chapters, at_once)
 
     def start(index: int) -> Started:
         chapter, students = todo[index]
         return start_chapter(task, chapter, students, force=force,
                              cell_timeout_s=cell_timeout_s, per_student=True, stamp=stamp,
-                             gpu_lock=gpu_lock_file(students[0]) if at_once > 1 else None)
+                             gpu_lock=side_by_side_lock(students, at_once))
 
     def graded(chapter: str, students: list[str], done: Graded) -> None:
         nonlocal results

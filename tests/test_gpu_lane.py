@@ -47,7 +47,7 @@ def test_tensors_of_every_layout_travel_through_the_mailbox_and_arrive_as_copies
     protocol.write_message(write_fd, message, None, lane)
     assert _pipe_holds(read_fd) < 2000  # the tensors' 2 KB went through the mailbox
     back = protocol.read_message(read_fd, time.monotonic() + 10, None, lane)
-    assert gpu_lane.TABLE_KEY not in back and back["plain"] == "text"
+    assert protocol.LANE_TABLE not in back and back["plain"] == "text"
     assert _layouts_alike(back["contiguous"], message["contiguous"])
     assert _layouts_alike(back["transposed"], message["transposed"])  # strides kept
     assert torch.equal(back["offset view"], message["offset view"])
@@ -83,7 +83,7 @@ def test_a_message_with_tensors_for_the_lane_and_for_a_file_uses_both(tmp_path, 
 
 
 def _lane_message(table: list, marker: object) -> dict:
-    return {"op": "call", "x": marker, gpu_lane.TABLE_KEY: table}
+    return {"op": "call", "x": marker, protocol.LANE_TABLE: table}
 
 
 @pytest.mark.parametrize("lie", ["past the mailbox", "more than the mailbox in all",
@@ -93,15 +93,15 @@ def _lane_message(table: list, marker: object) -> dict:
 def test_a_lane_table_that_lies_is_refused(pipe, lie):
     read_fd, write_fd = pipe
     lane = HostMailbox(256)
-    table, marker = [(torch.float32, (4, 4), (4, 1), 0, 64)], {gpu_lane.MARK: 0}
+    table, marker = [(torch.float32, (4, 4), (4, 1), 0, 64)], {protocol.LANE_MARK: 0}
     if lie == "past the mailbox":
         table = [(torch.float32, (4, 4), (4, 1), 224, 64)]
     elif lie == "more than the mailbox in all":  # each copy would cost the reader memory
         table = [(torch.uint8, (200,), (1,), 0, 200)] * 2
     elif lie == "a marker past the table":
-        marker = {gpu_lane.MARK: 1}
+        marker = {protocol.LANE_MARK: 1}
     elif lie == "a marker with more keys":
-        marker = {gpu_lane.MARK: 0, "also": 1}
+        marker = {protocol.LANE_MARK: 0, "also": 1}
     elif lie == "an entry that is not plain values":
         table = [(torch.float32, (4, 4), (4, 1), 0, "64")]
     elif lie == "a view past its bytes":
@@ -116,7 +116,7 @@ def test_a_lane_table_that_lies_is_refused(pipe, lie):
 def test_a_lane_message_to_an_end_without_a_lane_is_refused(pipe):
     read_fd, write_fd = pipe
     table = [(torch.float32, (4,), (1,), 0, 16)]
-    os.write(write_fd, protocol.encode(_lane_message(table, {gpu_lane.MARK: 0})))
+    os.write(write_fd, protocol.encode(_lane_message(table, {protocol.LANE_MARK: 0})))
     with pytest.raises(protocol.MessageRefused, match="this end has none"):
         protocol.read_message(read_fd, time.monotonic() + 10, None, None)
 
@@ -125,7 +125,7 @@ def test_a_lane_message_that_refers_to_one_list_many_times_is_read_at_once(pipe)
     read_fd, write_fd = pipe
     lane = HostMailbox(256)
     lane.buffer[:16].copy_(torch.arange(4, dtype=torch.float32).view(torch.uint8))
-    nested = [{gpu_lane.MARK: 0}]
+    nested = [{protocol.LANE_MARK: 0}]
     for _ in range(40):  # rebuilt as a tree: 2**40 lists
         nested = [nested, nested]
     os.write(write_fd, protocol.encode(_lane_message([(torch.float32, (4,), (1,), 0, 16)],
@@ -161,7 +161,7 @@ def test_two_markers_naming_one_tensor_of_the_table_are_refused(pipe):
     read_fd, write_fd = pipe
     lane = HostMailbox(256)
     message = _lane_message([(torch.float32, (4,), (1,), 0, 16)],
-                            [{gpu_lane.MARK: 0}, {gpu_lane.MARK: 0}])
+                            [{protocol.LANE_MARK: 0}, {protocol.LANE_MARK: 0}])
     os.write(write_fd, protocol.encode(message))
     with pytest.raises(protocol.MessageRefused, match="markers and its table disagree"):
         protocol.read_message(read_fd, time.monotonic() + 10, None, lane)
@@ -185,7 +185,7 @@ def test_a_request_the_learners_process_cannot_read_is_answered_and_the_next_one
     learner = started_learner(tmp_path, "def scale(x):\n    return x * 2\n")
     try:
         reply = learner.process.request({"op": "call", "name": "scale", "args": [],
-                                         gpu_lane.TABLE_KEY: []})
+                                         protocol.LANE_TABLE: []})
         assert "could not be read here" in reply["error"]["message"]
         assert torch.equal(learner.function("scale")(torch.ones(3)), torch.full((3,), 2.0))
     finally:

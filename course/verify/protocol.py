@@ -41,8 +41,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from course.verify import gpu_lane
-
 import torch
 
 _LENGTH = struct.Struct("<Q")
@@ -58,6 +56,12 @@ _MAX_NAME = 255
 _FILE_CHUNK = 256 << 20  # a message file is read this much at a time, the deadline between
 # The most lists, tuples and dicts a message file's message may hold.
 MAX_NODES = 1 << 20
+# A message through the GPU lane: where its table of lane tensors is, what stands for each
+# in the message, the most it may hold, and the alignment of each in the mailbox.
+LANE_TABLE = "__gpu_lane__"
+LANE_MARK = "__gpu_lane_tensor__"
+LANE_MAX_TENSORS = 1 << 14
+_LANE_ALIGN = 256
 
 
 @contextlib.contextmanager
@@ -135,8 +139,7 @@ def _without_tensors(message: dict) -> tuple[dict, list[torch.Tensor]]:
 
     def strip(value: object) -> object:
         if isinstance(value, torch.Tensor):
-            if value.layout != torch.strided or value.is_quantized or value.is_conj() \
-                    or value.is_neg():  # their bytes alone do not say their values
+            if not _bytes_are_values(value):
                 raise TypeError("only a plain strided tensor travels as raw bytes")
             t = value.detach()
             if t.device.type != "cpu":
@@ -152,6 +155,13 @@ def _without_tensors(message: dict) -> tuple[dict, list[torch.Tensor]]:
         return value
 
     return {"message": strip(message), "tensors": table}, storages
+
+
+def _bytes_are_values(t: torch.Tensor) -> bool:
+    """A plain strided tensor, whose bytes alone give its values (a conjugated or negated
+    view's do not)."""
+    return (t.layout == torch.strided and not t.is_quantized and not t.is_conj()
+            and not t.is_neg())
 
 
 def _layouts(skeleton: dict) -> list[tuple[torch.dtype, tuple, tuple, int, int]]:
@@ -178,9 +188,9 @@ def _lane_layouts(table: object, capacity: int) -> list[tuple]:
     """The table of a message's GPU lane tensors, each entry plain values lying inside the
     mailbox (`capacity` bytes), their bytes together at most its size (each costs the
     reader a copy)."""
-    if not isinstance(table, list) or len(table) > gpu_lane.MAX_TENSORS:
+    if not isinstance(table, list) or len(table) > LANE_MAX_TENSORS:
         raise MessageRefused(f"a message's GPU lane table is not a list of at most "
-                             f"{gpu_lane.MAX_TENSORS} entries")
+                             f"{LANE_MAX_TENSORS} entries")
     for entry in table:
         if not _is_layout(entry) or entry[3] + entry[4] > capacity:
             raise MessageRefused(f"a message's GPU lane table describes a tensor as "
@@ -213,8 +223,8 @@ def _rebuilt(value: object, marker: Callable[[int], object] | None, deadline: fl
             return value
         if id(value) in memo:
             return memo[id(value)]
-        if lane is not None and isinstance(value, dict) and gpu_lane.MARK in value:
-            index = value[gpu_lane.MARK]
+        if lane is not None and isinstance(value, dict) and LANE_MARK in value:
+            index = value[LANE_MARK]
             # Each of the table's tensors by one marker (referred to as often as the
             # message likes): two that alias would reach the checks as two tensors.
             if len(value) != 1 or type(index) is not int or not 0 <= index < len(lane) \
@@ -345,7 +355,7 @@ def write_message(fd: int, message: dict, shared_dir: str | None = None, lane=No
     """Write `message` on `fd`; its tensors on the GPU through `lane`'s mailbox where it
     has one that holds them (course.verify.gpu_lane); one with more than IN_FILE_BYTES
     of other tensors through a file of `shared_dir` (None: always the pipe)."""
-    if lane is not None and (packed := gpu_lane.pack(message, lane.device, lane.region)):
+    if lane is not None and (packed := _lane_packed(message, lane)):
         message = packed
     saved = None
     if shared_dir is not None and (size := _tensor_bytes(message)) > IN_FILE_BYTES:
@@ -441,7 +451,7 @@ def read_message(fd: int, deadline: float | None = None, shared_dir: str | None 
     (word,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, deadline))
     if not word & _IN_FILE:
         message = decode(_read_exactly(fd, word, deadline))
-        if gpu_lane.TABLE_KEY not in message:
+        if LANE_TABLE not in message:
             return message
         return _rebuilt(message, None, deadline, _lane_tensors(message, lane))
     size = word & ~_IN_FILE
@@ -453,18 +463,109 @@ def read_message(fd: int, deadline: float | None = None, shared_dir: str | None 
 def _lane_tensors(message: dict, lane) -> list[torch.Tensor] | None:
     """The tensors a message sent through the GPU lane (its table taken out of it), copied
     into this process's memory; None for a message without."""
-    if not isinstance(message, dict) or gpu_lane.TABLE_KEY not in message:
+    if not isinstance(message, dict) or LANE_TABLE not in message:
         return None
-    table = message.pop(gpu_lane.TABLE_KEY)
+    table = message.pop(LANE_TABLE)
     buffer = lane.region(0) if lane is not None else None
     if buffer is None:
         raise MessageRefused("a message came through the GPU lane, but this end has none")
     table = _lane_layouts(table, buffer.numel())
     try:
-        return gpu_lane.take(table, buffer, view_on)
+        return _lane_taken(table, buffer)
     except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
         raise MessageRefused(f"a message's GPU lane tensors could not be read ({exc})") \
             from None
+
+
+# ---------------------------------------------------------------- the GPU lane
+
+
+def _lane_run(nbytes: int) -> int:
+    return -(-nbytes // _LANE_ALIGN) * _LANE_ALIGN
+
+
+def _on_lane(value: object, device: torch.device) -> bool:
+    return isinstance(value, torch.Tensor) and value.device == device \
+        and _bytes_are_values(value)
+
+
+def lane_bytes(message: object, device: torch.device) -> int:
+    """Bytes the GPU lane would carry of `message` (its tensors on `device`), alignment in:
+    each tensor once, however often the message refers to it, as `_lane_packed` packs it."""
+    total, todo, seen = 0, [message], set()
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if _on_lane(value, device):
+            total += _lane_run(value.numel() * value.element_size())
+        elif isinstance(value, (dict, list, tuple)):
+            todo.extend(value.values() if isinstance(value, dict) else value)
+    return total
+
+
+def _lane_packed(message: dict, lane) -> dict | None:
+    """`message` with each tensor the lane carries copied into `lane`'s mailbox, as the
+    bytes of a dense copy (strides kept where it is dense), and replaced by a marker, the
+    table under LANE_TABLE; None where the mailbox is too small or there are too many
+    tensors (then the host carries the message). A tensor or container the message refers
+    to twice is packed once, its marker referred to twice."""
+    need = lane_bytes(message, lane.device)
+    buffer = lane.region(need) if need else None
+    if buffer is None:
+        return None
+    table: list[tuple] = []
+    memo: dict[int, object] = {}
+    at = 0
+
+    def strip(value: object) -> object:
+        nonlocal at
+        if id(value) in memo:
+            return memo[id(value)]
+        if _on_lane(value, lane.device):
+            if len(table) >= LANE_MAX_TENSORS:
+                raise OverflowError
+            dense = value.detach()
+            if not (dense.is_contiguous() and dense.storage_offset() == 0 and
+                    dense.untyped_storage().nbytes() == dense.numel() * dense.element_size()):
+                dense = dense.clone()  # its storage exactly its elements
+            nbytes = dense.numel() * dense.element_size()
+            buffer[at:at + nbytes].copy_(storage_bytes(dense))
+            table.append((dense.dtype, tuple(dense.shape), tuple(dense.stride()), at, nbytes))
+            at += _lane_run(nbytes)
+            out: object = {LANE_MARK: len(table) - 1}
+        elif isinstance(value, dict):
+            out = {k: strip(v) for k, v in value.items()}
+        elif isinstance(value, (list, tuple)):
+            out = type(value)(strip(v) for v in value)
+        else:
+            return value
+        memo[id(value)] = out
+        return out
+
+    try:
+        stripped = strip(message)
+    except OverflowError:
+        return None
+    if buffer.is_cuda:  # every byte in place before the other process looks
+        torch.cuda.synchronize(buffer.device)
+    stripped[LANE_TABLE] = table
+    return stripped
+
+
+def _lane_taken(table: list[tuple], buffer: torch.Tensor) -> list[torch.Tensor]:
+    """Each tensor of a checked lane table, copied out of the mailbox into memory of this
+    process, as the view the table gives."""
+    tensors = []
+    for dtype, shape, stride, at, nbytes in table:
+        own = torch.empty(nbytes, dtype=torch.uint8, device=buffer.device)
+        own.copy_(buffer[at:at + nbytes])
+        tensors.append(view_on(own, {"dtype": dtype, "shape": shape, "stride": stride,
+                                     "offset": 0}))
+    if buffer.is_cuda:  # copied out before the mailbox is written again
+        torch.cuda.synchronize(buffer.device)
+    return tensors
 
 
 # ---------------------------------------------------------------- tensors

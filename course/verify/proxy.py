@@ -276,7 +276,7 @@ class LearnerProcess:
         if self.lane_off is not None or message.get("op") == "mailbox":
             return None
         device = torch.device("cuda", torch.cuda.current_device())
-        need = gpu_lane.device_bytes(message, device)
+        need = protocol.lane_bytes(message, device)
         if need <= LANE_FROM_BYTES or (self.lane is not None and self.lane.nbytes >= need):
             return self.lane
         size = -(-2 * need // LANE_MIN_BYTES) * LANE_MIN_BYTES
