@@ -23,6 +23,7 @@ from pathlib import Path
 sys.modules.setdefault("rfc3987_syntax", None)
 
 from course.verify.protocol import die_with_parent  # noqa: E402
+from course.verify.strays import adopt_strays  # noqa: E402
 from course.verify.verifier import verify_all  # noqa: E402
 
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell_timeout <= 0:
         parser.error("--cell-timeout must be above 0")
     die_with_parent()  # it runs in a session of its own: a killed grader must not leave it
+    adopt_strays()  # what a submission's code leaves running ends with its process
     verify_all([(s, v) for s, v in args.submission], args.source,
                cell_timeout_s=args.cell_timeout, say=lambda text: print(text, flush=True),
                ready=(lambda: sys.stdin.readline().strip() == "go") if args.after_go else None)

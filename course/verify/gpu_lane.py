@@ -11,9 +11,8 @@ allocator, so that nothing else of the verifier's lives in it), freed only once 
 learner's process has ended, so that no mapping of it outlives the process, nor reaches
 memory the verifier uses for anything else. What the learner's code writes into it at any
 time reaches only the copies the verifier makes of a reply, which it then checks, as it
-checks whatever a reply says. (A process the learner's code leaves running past the kill
-could keep the mailbox mapped after it is freed, which CUDA leaves undefined; such a process
-runs as the grading user, with every power over the verifier already: grader/README.md.)
+checks whatever a reply says. The processes the learner's code started end with its
+process, before the mailbox is freed (course.verify.strays), so that none keeps it mapped.
 
 How messages use it (each GPU tensor a dense run of bytes in the mailbox, named by a table
 of layouts, copied out by the reader before it looks at it) is course.verify.protocol's.

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from course import gpu_lock, runtime
 from course.check import guards, sandbox
-from course.verify import gpu_lane, protocol
+from course.verify import gpu_lane, protocol, strays
 from course.verify.replay import Replay
 
 import torch
@@ -175,6 +175,11 @@ def rebuild_error(error: dict) -> LearnerException:
     return exc
 
 
+# The pids of the learner's processes started and not yet ended: children of the verifier
+# in sessions of their own that are not strays (course.verify.strays).
+_running_learners: set[int] = set()
+
+
 class LearnerProcess:
     """The learner's process, and one request at a time to it."""
 
@@ -217,6 +222,7 @@ class LearnerProcess:
                 pass_fds=(to_child, from_child, interrupts_in), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
                 start_new_session=True)
+        _running_learners.add(self.process.pid)
         for fd in (to_child, from_child, interrupts_in):
             os.close(fd)
         self._write, self._read = from_parent, to_parent
@@ -334,6 +340,14 @@ class LearnerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+        if self.process is not None:
+            _running_learners.discard(self.process.pid)
+            # What its code left running goes too, before the mailboxes it could map.
+            ended = strays.end_strays(keep=_running_learners)
+            if ended:
+                with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+                    log.write(f"[verifier] the learner's code left {len(ended)} process(es) "
+                              f"running after its process ended: killed ({ended})\n")
         for fd in (getattr(self, "_read", None), getattr(self, "_write", None),
                    getattr(self, "_interrupts", None)):
             if fd is not None:
