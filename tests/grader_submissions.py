@@ -478,6 +478,76 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
     return _reference(x, weight, eps)
 '''
 
+# A kernel that reads a row and stores nothing: the cheats below do the work elsewhere.
+_CH04_IDLE_KERNEL = """
+@triton.jit
+def rmsnorm_kernel(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
+    cols = tl.arange(0, BLOCK_N)
+    x = tl.load(x_ptr + tl.program_id(0) * n_cols + cols, mask=cols < n_cols, other=0.0)
+"""
+
+# PyTorch in the grid function, which Triton calls inside its launch step.
+CH04_GRID_FUNCTION = _CH04_IDLE_KERNEL + """
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x2 = validation.as_rows(x)
+    y = torch.empty_like(x2)
+
+    def grid(meta):
+        xf = x2.float()
+        y.copy_(xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float())
+        return (x2.shape[0],)
+
+    rmsnorm_kernel[grid](x2, y, x2.shape[1], BLOCK_N=triton.next_power_of_2(x2.shape[1]))
+    return y.view(x.shape)
+"""
+
+# PyTorch in an int subclass's comparisons, which Triton makes inside its launch step.
+CH04_INT_SUBCLASS = _CH04_IDLE_KERNEL + """
+
+class Cols(int):
+    def __new__(cls, n, work):
+        made = super().__new__(cls, n)
+        made.work = work
+        return made
+
+    def __le__(self, other):
+        self.work()
+        return int(self) <= other
+
+    def __ge__(self, other):
+        self.work()
+        return int(self) >= other
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x2 = validation.as_rows(x)
+    y = torch.empty_like(x2)
+
+    def work():
+        xf = x2.float()
+        y.copy_(xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float())
+
+    rmsnorm_kernel[(x2.shape[0],)](x2, y, Cols(x2.shape[1], work),
+                                   BLOCK_N=triton.next_power_of_2(x2.shape[1]))
+    return y.view(x.shape)
+"""
+
+# Right on every input the checker makes; on the hidden cell's extra inputs (float16 rows of
+# 3000, bfloat16 rows of 600) it zeroes y and the weight, so that a reference computed from
+# the weight after the call agrees.
+CH04_ZEROED_WEIGHT = _CH04_KERNEL + _CH04_WRAPPER.replace("    return y.view(x.shape)", """\
+    if (x.dtype, N) in ((torch.float16, 3000), (torch.bfloat16, 600)):
+        _zero_kernel[(1,)](y, weight, y.numel(), N, BLOCK=triton.next_power_of_2(y.numel()))
+    return y.view(x.shape)""") + """
+
+@triton.jit
+def _zero_kernel(y_ptr, w_ptr, n_y, n_w, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.zeros([BLOCK], tl.float32).to(y_ptr.dtype.element_ty), mask=i < n_y)
+    tl.store(w_ptr + i, tl.zeros([BLOCK], tl.float32).to(w_ptr.dtype.element_ty), mask=i < n_w)
+"""
+
 TAMPERING = "changed what the checks rely on"
 
 
@@ -501,6 +571,12 @@ CH04_CHEATS = [
            CH04_SILENCED, "wrong"),
     _cheat("reference", "calls the course's own reference kernel", CH04_REFERENCE_IMPORT,
            "kernel the course ships"),
+    _cheat("grid", "computes with PyTorch in its grid function", CH04_GRID_FUNCTION,
+           "computes with PyTorch"),
+    _cheat("argument", "computes with PyTorch in an int subclass's comparisons",
+           CH04_INT_SUBCLASS, "only passes for a number or a tensor"),
+    _cheat("weight", "zeroes y and the weight on inputs only the hidden cell makes",
+           CH04_ZEROED_WEIGHT, "of y are wrong", ("ex04_fused_hidden",)),
 ]
 
 

@@ -179,6 +179,117 @@ def test_torch_ops_in_a_kernels_pre_run_hook_are_forbidden_ops():
     assert record.launches == ["_kernel_with_a_pre_run_hook"]
 
 
+def _torch_in_a_grid_function(x, weight, eps=1e-6):
+    """A grid function is the learner's code, though Triton calls it inside the launch."""
+    y = torch.empty_like(x)
+
+    def grid(meta):
+        _torch_rmsnorm_into(x, weight, y, eps)
+        return (1,)
+
+    _noop_kernel[grid](x, y)
+    return y
+
+
+def _numpy_in_a_grid_function(x, weight, eps=1e-6):
+    """The same, with the answer made where no op is seen, and copied in by the grid."""
+    y = torch.empty_like(x)
+    done = _numpy_rmsnorm(x, weight, eps)
+
+    def grid(meta):
+        y.copy_(done)
+        return (1,)
+
+    _noop_kernel[grid](x, y)
+    return y
+
+
+def test_a_grid_function_is_watched_and_what_it_writes_is_not_the_kernels():
+    message = _failure(_torch_in_a_grid_function)
+    assert "computes with PyTorch" in message and "aten.rsqrt" in message
+    assert UNCHANGED in message
+    assert UNCHANGED in _failure(_numpy_in_a_grid_function)
+
+
+@triton.jit
+def _noop_kernel_of_n(x_ptr, y_ptr, n_cols):
+    pass
+
+
+class _ComputingInt(int):
+    """An int that computes the answer whenever Triton compares or converts it."""
+
+    def __new__(cls, value, work):
+        made = super().__new__(cls, value)
+        made.work = work
+        return made
+
+    def _value(self):
+        self.work()
+        return int.__index__(self)
+
+    def __index__(self):
+        return self._value()
+
+    __int__ = __index__
+
+    def __ge__(self, other):
+        return self._value() >= other
+
+    def __le__(self, other):
+        return self._value() <= other
+
+    def __gt__(self, other):
+        return self._value() > other
+
+    def __lt__(self, other):
+        return self._value() < other
+
+
+class _PointerWithWork:
+    """Not a tensor, but compiled Triton takes anything with data_ptr() as a pointer."""
+
+    def __init__(self, t, work):
+        self.t, self.work, self.dtype = t, work, t.dtype
+
+    def data_ptr(self):
+        self.work()
+        return self.t.data_ptr()
+
+
+def _launch_with(kind):
+    def wrapper(x, weight, eps=1e-6):
+        y = torch.empty_like(x)
+
+        def work():
+            _torch_rmsnorm_into(x, weight, y, eps)
+        if kind == "int argument":
+            _noop_kernel_of_n[(1,)](x, y, _ComputingInt(x.shape[-1], work))
+        elif kind == "grid entry":
+            _noop_kernel[(_ComputingInt(1, work),)](x, y)
+        else:
+            _noop_kernel[(1,)](x, _PointerWithWork(y, work))
+        return y
+    return wrapper
+
+
+@pytest.mark.parametrize("kind", ["int argument", "grid entry", "pointer object"])
+def test_an_argument_that_only_passes_for_a_number_or_a_tensor_is_refused(kind):
+    message = _failure(_launch_with(kind))
+    assert "only passes for a number or a tensor" in message
+    assert "_ComputingInt" in message or "_PointerWithWork" in message
+
+
+def test_a_plain_grid_function_and_plain_arguments_pass():
+    x = torch.randn(4, 8, device=runtime.DEVICE)
+    with sandbox.watch() as record:
+        y = torch.empty_like(x)
+        _kernel_with_a_pre_run_hook[lambda meta: (1,)](x, y, 8, BLOCK_N=8)
+    assert record.launches == ["_kernel_with_a_pre_run_hook"]
+    assert not record.forbidden_ops and not record.refused_arguments
+    assert record.changed_by_launch(y)
+
+
 def test_a_launch_in_another_thread_does_not_pause_interception_in_this_one():
     # Interception pauses inside a launch step for Triton's own ops. A launch running in a
     # helper thread must not open that window for the wrapper's own thread: here the helper

@@ -5,9 +5,11 @@ The class (tests/grader_submissions.py, CH04_CHEATS) is one honest submission of
 04 and one per way of cheating from inside the notebook: the checkers replaced with
 setattr or in sys.modules, the comparisons replaced, the clocks patched, a result cached
 by the input's address, an exception swallowed with every error hidden, the course's own
-kernel called. Run in one Python process with the test cells, most of them would earn
-points; graded by the verifier (course.verify; nbgrader runs none of the cells), each scores
-0 on what it targets, and says why, and the honest one keeps every correctness point.
+kernel called, PyTorch in a grid function or in an int subclass's comparisons, inputs
+zeroed where only the hidden cell looks. Run in one Python process with the test cells,
+most of them would earn points; graded by the verifier (course.verify; nbgrader runs none
+of the cells), each scores 0 on what it targets, and says why, and the honest one keeps
+every correctness point.
 Interpreter mode: the bandwidth cell needs a GPU and scores 0 for everyone (the GPU run is
 in tests/test_grader.py).
 """
@@ -105,7 +107,11 @@ def test_each_cheat_scores_0_on_what_it_targets_and_says_why(graded, cheat):
         row = graded.cells[(cheat.student, grade_id)]
         assert row["points"] == "0", (cheat.what, row)
         assert cheat.reason in row["reason"], (cheat.what, row["reason"])
-    assert graded.scores[cheat.student] == 0.0
+    kept = [grade_id for grade_id in CH04_CORRECTNESS if grade_id not in cheat.loses]
+    # A cheat aimed at one cell (its kernel right elsewhere) keeps the others' points.
+    assert all(graded.cells[(cheat.student, g)]["status"] == "passed" for g in kept)
+    if not kept:
+        assert graded.scores[cheat.student] == 0.0
 
 
 def test_the_feedback_notebook_holds_the_verifiers_run(graded):

@@ -38,11 +38,11 @@ from course.check.runner import (
     Inputs,
     Tensors,
     cached_finding,
-    course_kernel_findings,
     explain_error,
     fresh_seed,
     memory_findings,
     provenance_findings,
+    refused_launch_findings,
     suspect_hints,
 )
 from course.check.suite import warning_notes
@@ -237,12 +237,12 @@ def _checked_case(function_class: type, spec: _GradCase, inputs: Inputs,
             findings += provenance_findings(bwd, ("dx", "dw")[:len(grads)], grads,
                                             who="backward ")
     except Exception as exc:  # the learner's code: reported with the case, not raised
-        refused = [f for r in watched for f in course_kernel_findings(r)]
+        refused = [f for r in watched for f in refused_launch_findings(r)]
         if refused:
             return CaseResult(case, findings=tuple(refused))
         text, fatal = explain_error(exc)
         return CaseResult(case, error=text, fatal=fatal)
-    findings = [f for r in watched for f in course_kernel_findings(r)] + findings
+    findings = [f for r in watched for f in refused_launch_findings(r)] + findings
     findings += memory_findings(allocated, {"x": x_in, "weight": w_in, "dy": dy_in})
 
     dx_want, dw_want = reference.rmsnorm_backward(originals["x"], originals["weight"],

@@ -180,6 +180,9 @@ ADVICE = {
         "Your function launched one of the course's own kernels (from solutions/ or course/). "
         "The exercise asks you to write the kernel: define it with @triton.jit in your "
         "notebook and launch that one."),
+    "launch_argument": (
+        "Your function passed a launch a value that only passes for a number or a tensor (a "
+        "subclass, or an object with data_ptr). Pass plain Python numbers and tensors."),
     "output_unchanged": (
         "The tensor you return reached your kernel already holding its final values: no "
         "launch changed it. Its values were computed some other way (NumPy, another thread, "
@@ -282,8 +285,12 @@ def provenance_findings(record: sandbox.CallRecord, names: tuple[str, ...],
     return findings
 
 
-def course_kernel_findings(record: sandbox.CallRecord) -> list[Finding]:
-    return [Finding("course_kernel", text) for text in dict.fromkeys(record.course_kernels)]
+def refused_launch_findings(record: sandbox.CallRecord) -> list[Finding]:
+    """The launches the watch refused: a course kernel, or arguments that only pass for
+    numbers or tensors."""
+    return [Finding("course_kernel", text) for text in dict.fromkeys(record.course_kernels)
+            ] + [Finding("launch_argument", text)
+                 for text in dict.fromkeys(record.refused_arguments)]
 
 
 def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator | None = None,
@@ -302,8 +309,8 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator 
         runtime.synchronize()  # asynchronous GPU faults surface here, inside the try
     except Exception as exc:  # the learner's code (its own asserts too) becomes a report line
         warned = tuple(record.warnings) if record is not None else ()
-        if record is not None and record.course_kernels:
-            return CaseResult(case, findings=tuple(course_kernel_findings(record)),
+        if record is not None and (record.course_kernels or record.refused_arguments):
+            return CaseResult(case, findings=tuple(refused_launch_findings(record)),
                               warnings=warned)
         text, fatal = explain_error(exc)
         return CaseResult(case, error=text, fatal=fatal, warnings=warned)
@@ -314,7 +321,7 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator 
                           launches=tuple(record.launches), warnings=warned)
     outputs = _as_outputs(raw)
 
-    findings = course_kernel_findings(record)
+    findings = refused_launch_findings(record)
     findings += _launch_findings(record, exercise) + memory_findings(record, inputs)
     if exercise.inspect is not None:
         findings += exercise.inspect(record, case)

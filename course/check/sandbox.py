@@ -16,7 +16,10 @@ While a call runs inside `watch()`:
   views, fills and copies are allowed (copies are noted, since they cost bandwidth);
   anything that computes (mul, pow, mean, rms_norm, ...) is recorded as a violation,
   with the line of the learner's code that ran it. Autotuner pre-hooks, heuristics
-  functions and pre-run hooks are the learner's code too, and are watched the same way;
+  functions, pre-run hooks and grid functions are the learner's code too, and are watched
+  the same way (what a grid function writes does not count as the kernel's). A launch
+  argument or grid entry that only passes for a number or a tensor (a subclass, an object
+  with `data_ptr`) is refused: Triton reads it inside the launch step, unwatched;
 - every tensor passed to a launch is snapshotted just before it, and the bytes the launch
   changed are recorded, so a checker can tell an output a kernel wrote from one that was
   already final when it reached a kernel (computed with NumPy, in another thread, or with
@@ -186,6 +189,7 @@ class CallRecord:
     changed_bytes: dict[int, tuple[torch.UntypedStorage, torch.Tensor]] = field(
         default_factory=dict, repr=False)
     course_kernels: list[str] = field(default_factory=list)  # refused launches (see watch)
+    refused_arguments: list[str] = field(default_factory=list)  # launches refused for them
     forbidden_ops: list[OpUse] = field(default_factory=list)
     copies: list[OpUse] = field(default_factory=list)
     allocations: list[PoisonedAllocation] = field(default_factory=list)
@@ -281,6 +285,7 @@ class CallRecord:
         return {
             "launches": list(self.launches), "atomic_kernels": list(self.atomic_kernels),
             "course_kernels": list(self.course_kernels),
+            "refused_arguments": list(self.refused_arguments),
             "forbidden_ops": [(u.op, u.site, u.dtype) for u in self.forbidden_ops],
             "copies": [(u.op, u.site, u.dtype) for u in self.copies],
             "warnings": list(self.warnings),
@@ -297,6 +302,7 @@ class CallRecord:
         self.launches += summary["launches"]
         self.atomic_kernels += summary["atomic_kernels"]
         self.course_kernels += summary["course_kernels"]
+        self.refused_arguments += summary["refused_arguments"]
         self.forbidden_ops += [OpUse(*use) for use in summary["forbidden_ops"]]
         self.copies += [OpUse(*use) for use in summary["copies"]]
         self.warnings += [w for w in summary["warnings"] if w not in self.warnings]
@@ -427,8 +433,47 @@ def _python_function(kernel: object) -> object:
 COURSE_PACKAGES = ("solutions", "course")
 
 
-class CourseKernelRefused(RuntimeError):
+class LaunchRefused(RuntimeError):
+    """A watched call's launch that is not run (the record says why)."""
+
+
+class CourseKernelRefused(LaunchRefused):
     """A watched call launched a kernel that the course ships instead of the learner's."""
+
+
+# What a launch takes as is. Anything else that passes for a number, a string or a tensor
+# (a subclass, an object with `data_ptr`) is refused: Triton converts it inside the launch
+# step, where interception pauses, so its methods could compute unseen.
+_PLAIN_ARGUMENTS = (int, float, bool, str, type(None), torch.dtype, torch.Tensor,
+                    torch.nn.Parameter)
+
+
+def odd_argument(value: object) -> str | None:
+    """The type's name of a launch argument (or grid entry) that only passes for a number,
+    string or tensor; None for a plain one, or anything else (Triton says what it cannot
+    take)."""
+    if type(value) in _PLAIN_ARGUMENTS:
+        return None
+    if isinstance(value, (int, float, str, torch.Tensor)) or hasattr(value, "data_ptr"):
+        return type(value).__name__
+    return None
+
+
+def odd_arguments_message(name: str, found: list[tuple[str, str]]) -> str:
+    listed = ", ".join(f"`{where}` is a {kind}" for where, kind in found)
+    return (f"launched `{name}` with {listed}: pass a launch plain Python numbers (int, "
+            "float, bool) and plain tensors, as the Triton tutorials do; a subclass can run "
+            "code while Triton reads it")
+
+
+def _odd_in_launch(args: tuple, kwargs: dict, grid: object) -> list[tuple[str, str]]:
+    found = [(f"argument {i}", kind) for i, a in enumerate(args)
+             if (kind := odd_argument(a)) is not None]
+    found += [(k, kind) for k, v in kwargs.items() if (kind := odd_argument(v)) is not None]
+    if isinstance(grid, (tuple, list)):
+        found += [(f"grid[{i}]", kind) for i, g in enumerate(grid)
+                  if (kind := odd_argument(g)) is not None]
+    return found
 
 
 def _course_module(kernel: object) -> str | None:
@@ -464,6 +509,25 @@ def _unpaused(hook, record: CallRecord):
     return run_hook
 
 
+def _watched_grid(grid, name: str, args: tuple, kwargs: dict, record: CallRecord,
+                  snapshots: list):
+    """A grid function (the learner's code, though Triton calls it inside the launch step)
+    run watched; the arguments are snapshotted again after it, so that what it wrote into
+    them counts as its own, not as the kernel's."""
+    def run_grid(meta):
+        found = _unpaused(grid, record)(meta)
+        odd = [(f"grid[{i}]", kind) for i, g in enumerate(
+            found if isinstance(found, (tuple, list)) else (found,))
+            if (kind := odd_argument(g)) is not None]
+        if odd:
+            refusal = odd_arguments_message(name, odd)
+            record.refused_arguments.append(refusal)
+            raise LaunchRefused(refusal)
+        snapshots[:] = record._snapshot(args, kwargs)
+        return found
+    return run_grid
+
+
 def _learner_hooks(kernel: object) -> bool:
     hooks = getattr(kernel, "pre_run_hooks", None)
     return bool(hooks) and isinstance(hooks, list)
@@ -488,11 +552,19 @@ def _watched_launch_step(original, record: CallRecord):
             refusal = course_kernel_message(name, module)
             record.course_kernels.append(refusal)
             raise CourseKernelRefused(refusal)
+        odd = _odd_in_launch(args, kwargs, grid)
+        if odd:
+            refusal = odd_arguments_message(name, odd)
+            record.refused_arguments.append(refusal)
+            raise LaunchRefused(refusal)
         record.launches.append(name)
         hooks = getattr(self, "pre_run_hooks", None) if _learner_hooks(self) else None
+        snapshots: list = []
+        if callable(grid):
+            grid = _watched_grid(grid, name, args, kwargs, record, snapshots)
         record._in_launch += 1
         try:
-            snapshots = record._snapshot(args, kwargs)
+            snapshots[:] = record._snapshot(args, kwargs)
             record._atomic_ran = False
             if hooks is not None:
                 self.pre_run_hooks = [
