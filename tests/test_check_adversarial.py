@@ -290,6 +290,30 @@ def test_a_plain_grid_function_and_plain_arguments_pass():
     assert record.changed_by_launch(y)
 
 
+_HANDED_OVER = []
+
+
+@triton.jit
+def _kernel_whose_body_computes(x_ptr, y_ptr):
+    # In the interpreter a kernel's body runs as Python: this one does the work in PyTorch.
+    if _HANDED_OVER:
+        x, weight, y, eps = _HANDED_OVER.pop()
+        _torch_rmsnorm_into(x, weight, y, eps)
+
+
+def _torch_in_the_kernels_body(x, weight, eps=1e-6):
+    y = torch.empty_like(x)
+    _HANDED_OVER.append((x, weight, y, eps))
+    _kernel_whose_body_computes[(1,)](x, y)
+    return y
+
+
+@pytest.mark.skipif(not runtime.interpreted(), reason="a compiled kernel's body is not Python")
+def test_torch_ops_in_an_interpreted_kernels_body_are_forbidden_ops():
+    message = _failure(_torch_in_the_kernels_body)
+    assert "computes with PyTorch" in message and "aten.rsqrt" in message
+
+
 def test_a_launch_in_another_thread_does_not_pause_interception_in_this_one():
     # Interception pauses inside a launch step for Triton's own ops. A launch running in a
     # helper thread must not open that window for the wrapper's own thread: here the helper

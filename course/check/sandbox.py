@@ -33,9 +33,10 @@ While a call runs inside `watch()`:
 - Python warnings are collected instead of printed: under nbgrader, anything a graded
   cell writes to stderr costs the cell its points.
 
-Ops that Triton itself runs inside the launch step (the interpreter copies arguments to
-and from the host) and while the autotuner times its configurations are not the
-learner's: interception pauses there, and only there, and only in the thread that
+Ops that Triton itself runs inside the launch step (a compiled launch's, and the
+interpreter's copies of the arguments to and from the host, but not an interpreted kernel's
+body, which is the learner's Python) and while the autotuner times its configurations are
+not the learner's: interception pauses there, and only there, and only in the thread that
 launches (a launch in a helper thread opens no window for the wrapper's own ops). A
 configuration's pre-hook also runs, unwatched, while it is timed, but the chosen one runs
 again before the real launch, watched.
@@ -523,7 +524,8 @@ def _watched_grid(grid, name: str, args: tuple, kwargs: dict, record: CallRecord
             refusal = odd_arguments_message(name, odd)
             record.refused_arguments.append(refusal)
             raise LaunchRefused(refusal)
-        snapshots[:] = record._snapshot(args, kwargs)
+        with record.paused():
+            snapshots[:] = record._snapshot(args, kwargs)
         return found
     return run_grid
 
@@ -562,9 +564,14 @@ def _watched_launch_step(original, record: CallRecord):
         snapshots: list = []
         if callable(grid):
             grid = _watched_grid(grid, name, args, kwargs, record, snapshots)
-        record._in_launch += 1
-        try:
+        # In the interpreter the kernel's body runs here as Python: interception pauses only
+        # for the interpreter's copies of the arguments (_interpreter_copies), so a torch op
+        # in the body is seen. A compiled launch runs no Python of the learner's.
+        step_paused = 0 if _interpreted(self) else 1
+        with record.paused():
             snapshots[:] = record._snapshot(args, kwargs)
+        record._in_launch += step_paused
+        try:
             record._atomic_ran = False
             if hooks is not None:
                 self.pre_run_hooks = [
@@ -575,9 +582,10 @@ def _watched_launch_step(original, record: CallRecord):
             finally:
                 if hooks is not None:
                     self.pre_run_hooks = hooks
-            record._note_changes(snapshots)
         finally:
-            record._in_launch -= 1
+            record._in_launch -= step_paused
+        with record.paused():
+            record._note_changes(snapshots)
         if record._atomic_ran or _compiled_uses_atomics(compiled):
             record.atomic_kernels.append(name)
         return compiled
@@ -605,6 +613,34 @@ def _timed_configurations(original, record: CallRecord):
     return bench
 
 
+def _interpreted(kernel: object) -> bool:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return False
+    return isinstance(kernel, InterpretedFunction)
+
+
+def _interpreter_copies(record: CallRecord) -> list[tuple[type, str, object, object]]:
+    """Patches pausing interception in the interpreter's copies of a launch's arguments to
+    the host and back (Triton's own torch ops), the only part of an interpreted launch step
+    that is not the learner's."""
+    try:
+        from triton.runtime.interpreter import GridExecutor
+    except ImportError:
+        return []
+
+    def paused(original):
+        def run(self, *args, **kwargs):
+            with record.paused():
+                return original(self, *args, **kwargs)
+        return run
+
+    return [(GridExecutor, name, GridExecutor.__dict__[name],
+             paused(GridExecutor.__dict__[name]))
+            for name in ("_init_args_hst", "_restore_args_dev") if name in GridExecutor.__dict__]
+
+
 def _launch_steps() -> list[tuple[type, str]]:
     """(class, method) of every launch step this Triton has: the compiled path's and the
     interpreter's. Guarded, since their homes move between Triton versions."""
@@ -628,6 +664,7 @@ def _launch_steps() -> list[tuple[type, str]]:
 def _count_launches(record: CallRecord) -> Iterator[None]:
     patches = [(cls, name, cls.__dict__[name], _watched_launch_step(cls.__dict__[name], record))
                for cls, name in _launch_steps() if name in cls.__dict__]
+    patches += _interpreter_copies(record)
     try:
         from triton.runtime.autotuner import Autotuner
         if "_bench" in Autotuner.__dict__:
