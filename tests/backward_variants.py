@@ -229,6 +229,34 @@ class Float32Kernels(torch.autograd.Function):
     backward = staticmethod(RMSNormFunction.backward)
 
 
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, ZERO: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    v = tl.load(src_ptr + i, mask=i < n)
+    tl.store(dst_ptr + i, v * 0.0 if ZERO else v, mask=i < n)
+
+
+def _copied(t, zero=False):
+    out = torch.empty_like(t)
+    _copy_kernel[(1,)](t, out, t.numel(), ZERO=zero, BLOCK=triton.next_power_of_2(t.numel()))
+    return out
+
+
+class IdentityFunction(torch.autograd.Function):
+    """Not RMSNorm: y = x, dx = dy, dw = 0, through kernels; its backward matches its own
+    forward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        ctx.save_for_backward(weight)
+        return _copied(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (weight,) = ctx.saved_tensors
+        return _copied(dy), _copied(weight, zero=True), None
+
+
 # name -> (Function, a phrase its failure message must contain)
 BROKEN_FUNCTIONS = {
     "four_gradients": (FourGradients, "returned 4 values for 3 inputs"),

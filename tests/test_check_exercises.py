@@ -335,6 +335,14 @@ def test_autograd_function_passes_and_runs_gradcheck_when_kernels_support_float6
     assert names[-1] == "gradcheck, float64"
 
 
+def test_the_gradcheck_needs_a_forward_that_is_rmsnorm():
+    """y = x with dx = dy: a backward that matches its own forward, but not RMSNorm's."""
+    with pytest.raises(AssertionError) as failure:
+        check.rmsnorm_gradcheck(backward_variants.IdentityFunction, seed=3, quiet=True)
+    assert "where RMSNorm's is 0" in str(failure.value)
+    check.rmsnorm_gradcheck(backward_variants.RMSNormFunction, seed=3, quiet=True)
+
+
 def test_autograd_gradcheck_is_skipped_openly_for_float32_kernels():
     report = check.rmsnorm_autograd(backward_variants.Float32Kernels, seed=1, quiet=True)
     assert report.passed

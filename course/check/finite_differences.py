@@ -55,6 +55,10 @@ class _Direction:
 
 
 _ADVICE = {
+    "forward_sees_scale": (
+        "Your forward changes when every row of x is scaled a little, and RMSNorm's does not "
+        "(y = x / rms(x) * weight): gradients are only checked against a forward that is "
+        "RMSNorm. Make the cell above pass first."),
     "finite_difference": (
         "Your backward disagrees with finite differences of your own forward: moving the "
         "input a little along a direction changes your forward's loss by one amount, and "
@@ -112,6 +116,12 @@ def _compare(direction: _Direction, plus: tuple[float, float], minus: tuple[floa
              predicted: float, absolute: float) -> Finding | None:
     measured = plus[0] - minus[0]
     rounding = ROUNDING_UNITS * 2.0 ** -24 * (plus[1] + minus[1])
+    if direction.scale and abs(measured) > rounding + 1e-4 * absolute:
+        # A backward consistent with any forward passes the comparison below; RMSNorm's own
+        # forward is known here: it cannot see a row's scale.
+        return Finding("forward_sees_scale", f"{direction.case.name}: L(+h) - L(-h) = "
+                       f"{measured:.6g} by your forward, where RMSNorm's is 0 (allowed "
+                       f"{rounding + 1e-4 * absolute:.2g})")
     allowed = rounding + RELATIVE * max(abs(measured), abs(predicted)) + 1e-4 * absolute
     if abs(measured - predicted) <= allowed:
         return None
