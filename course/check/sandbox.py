@@ -45,6 +45,7 @@ again before the real launch, watched.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import traceback
 import warnings
@@ -467,14 +468,20 @@ def odd_arguments_message(name: str, found: list[tuple[str, str]]) -> str:
             "code while Triton reads it")
 
 
-def _odd_in_launch(args: tuple, kwargs: dict, grid: object) -> list[tuple[str, str]]:
-    found = [(f"argument {i}", kind) for i, a in enumerate(args)
-             if (kind := odd_argument(a)) is not None]
-    found += [(k, kind) for k, v in kwargs.items() if (kind := odd_argument(v)) is not None]
-    if isinstance(grid, (tuple, list)):
-        found += [(f"grid[{i}]", kind) for i, g in enumerate(grid)
-                  if (kind := odd_argument(g)) is not None]
-    return found
+def _odd(named: Iterator[tuple[str, object]]) -> list[tuple[str, str]]:
+    return [(where, kind) for where, value in named if (kind := odd_argument(value)) is not None]
+
+
+def _grid_entries(grid: object) -> Iterator[tuple[str, object]]:
+    return ((f"grid[{i}]", g) for i, g in enumerate(
+        grid if isinstance(grid, (tuple, list)) else (grid,)))
+
+
+def _refuse_if_odd(record: CallRecord, name: str, odd: list[tuple[str, str]]) -> None:
+    if odd:
+        refusal = odd_arguments_message(name, odd)
+        record.refused_arguments.append(refusal)
+        raise LaunchRefused(refusal)
 
 
 def _course_module(kernel: object) -> str | None:
@@ -517,13 +524,7 @@ def _watched_grid(grid, name: str, args: tuple, kwargs: dict, record: CallRecord
     them counts as its own, not as the kernel's."""
     def run_grid(meta):
         found = _unpaused(grid, record)(meta)
-        odd = [(f"grid[{i}]", kind) for i, g in enumerate(
-            found if isinstance(found, (tuple, list)) else (found,))
-            if (kind := odd_argument(g)) is not None]
-        if odd:
-            refusal = odd_arguments_message(name, odd)
-            record.refused_arguments.append(refusal)
-            raise LaunchRefused(refusal)
+        _refuse_if_odd(record, name, _odd(_grid_entries(found)))
         with record.paused():
             snapshots[:] = record._snapshot(args, kwargs)
         return found
@@ -554,11 +555,9 @@ def _watched_launch_step(original, record: CallRecord):
             refusal = course_kernel_message(name, module)
             record.course_kernels.append(refusal)
             raise CourseKernelRefused(refusal)
-        odd = _odd_in_launch(args, kwargs, grid)
-        if odd:
-            refusal = odd_arguments_message(name, odd)
-            record.refused_arguments.append(refusal)
-            raise LaunchRefused(refusal)
+        _refuse_if_odd(record, name, _odd(itertools.chain(
+            ((f"argument {i}", a) for i, a in enumerate(args)), kwargs.items(),
+            () if callable(grid) else _grid_entries(grid))))
         record.launches.append(name)
         hooks = getattr(self, "pre_run_hooks", None) if _learner_hooks(self) else None
         snapshots: list = []
