@@ -463,6 +463,56 @@ def test_a_kernel_that_stores_nothing_is_told_so_not_accused_of_computing_elsewh
     assert "never stores" in message and UNCHANGED not in message
 
 
+@triton.jit
+def _copy_rows_kernel(src_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    values = tl.load(src_ptr + row * n_cols + cols, mask=mask)
+    tl.store(y_ptr + row * n_cols + cols, values.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _python_answer_copied(x, weight, eps=1e-6):
+    """The answer computed in plain Python from tolist() (a copy to the CPU, then no PyTorch
+    op at all), made a tensor, and a kernel that only moves it into y: its stores are y's
+    values."""
+    n = x.shape[-1]
+    w = weight.tolist()
+    rows = [[v * wv / (sum(u * u for u in row) / n + eps) ** 0.5
+             for v, wv in zip(row, w, strict=True)] for row in x.reshape(-1, n).tolist()]
+    done = torch.tensor(rows, dtype=torch.float32, device=x.device)
+    y = torch.empty((len(rows), n), dtype=x.dtype, device=x.device)
+    _copy_rows_kernel[(len(rows),)](done, y, n, BLOCK=triton.next_power_of_2(n))
+    return y.view(x.shape)
+
+
+def test_an_answer_computed_in_python_and_copied_by_a_kernel_is_refused():
+    message = _failure(_python_answer_copied)
+    assert "did not come from its kernels" in message
+    assert "without your Python" in message
+
+
+def test_an_honest_kernel_repeated_on_new_inputs_gives_their_answer():
+    from course.verify.replay import repeated
+
+    gen = torch.Generator().manual_seed(3)
+    x, other, weight = (t.to(runtime.DEVICE) for t in (
+        torch.randn(5, 96, generator=gen), torch.randn(5, 96, generator=gen),
+        torch.rand(96, generator=gen) + 0.5))
+    got = repeated(variants.correct, (x, weight), {"eps": 1e-6}, (other, weight))
+    assert torch.allclose(got, reference.rmsnorm(other, weight, eps=1e-6).float(), atol=1e-5)
+    copied = repeated(_python_answer_copied, (x, weight), {"eps": 1e-6}, (other, weight))
+    assert not torch.allclose(copied, reference.rmsnorm(other, weight, eps=1e-6).float(),
+                              atol=1e-2)
+
+
+def test_a_triton_dtype_argument_travels_by_its_name_in_triton_language():
+    from course.verify.replay import _rebuilt_value, _value
+
+    for dtype in (tl.float32, tl.float16, tl.bfloat16, tl.int32, tl.int1):
+        assert _rebuilt_value(_value(tl.constexpr(dtype), "an argument")).value == dtype
+
+
 class _NumpyFunction(torch.autograd.Function):
     """Forward and backward in NumPy, each handed to a kernel that does nothing."""
 
@@ -684,6 +734,7 @@ def test_the_refill_passes_the_very_same_tensors_again_with_new_values():
         return variants.correct(x, weight, eps)
 
     assert check.rmsnorm_forward(recording, seed=2, quiet=True).passed
+    calls.pop()  # the last call is the one whose GPU work the repeat probe repeats
     x, weight, x_values, w_values = calls[-1]
     before = [c for c in calls[:-1] if c[0] is x]
     assert len(before) == 1 and before[0][1] is weight

@@ -195,6 +195,17 @@ ADVICE = {
     "output_count": (
         "Your function returns the wrong number of values: return exactly what the "
         "exercise's signature says, in that order."),
+    "work_outside_kernels": (
+        "The grader repeats your function's GPU work, the allocations, fills, copies and "
+        "kernel launches and none of its Python, on new inputs, and that gave a wrong answer. "
+        "Whatever computed the answer (Python on the values, something kept from an earlier "
+        "call) was not the kernels. Compute every output inside your kernel from the inputs "
+        "it is passed; the wrapper only allocates, takes views and launches."),
+    "not_repeatable": (
+        "The grader repeats your function's GPU work without its Python, and that work "
+        "could not be repeated. A wrapper may allocate (torch.empty), fill with a number, "
+        "copy tensors, take views and launch @triton.jit kernels that read only Triton, "
+        "constants and other kernels. Anything else belongs inside the kernel."),
     "state_between_calls": (
         "Wrong when called again: state carried between calls (a cached workspace not "
         "cleared, an output buffer reused). Each call must start from nothing the previous "
@@ -519,6 +530,61 @@ def probe_same_buffers(exercise: Exercise, fn: Callable, earlier: CaseResult,
             "state_between_calls",
             f"{same}, the call changed the {', '.join(f'`{n}`' for n in overwritten)} that "
             "the call before had returned: both calls return the same memory"),)
+    return ()
+
+
+def _arguments(exercise: Exercise, inputs: Inputs, case: Case) -> tuple[tuple, dict]:
+    """The arguments `exercise.call` passes the function for `inputs`: (args, kwargs)."""
+    passed: list[tuple[tuple, dict]] = []
+    exercise.call(lambda *args, **kwargs: passed.append((args, kwargs)),
+                  {name: g.tensor for name, g in inputs.items()}, case)
+    return passed[0]
+
+
+def probe_repeat(exercise: Exercise, fn: Callable, passed: CaseResult,
+                 seed: int) -> tuple[Finding, ...]:
+    """Call `fn` at the shape of a case that passed, then repeat its GPU work (its
+    allocations, fills, copies and launches, none of its Python) on other inputs of that
+    shape. The repeat must return the answer for those inputs. An answer the wrapper
+    computed without a PyTorch op the watch refuses (Python on `x.tolist()`: a copy to the
+    CPU, then no op at all), which a kernel only copied, is not there in the repeat."""
+    from course.verify.replay import NotReplayable, repeated
+
+    if exercise.torch_ops_allowed:
+        return ()
+    case = passed.case
+    first = exercise.make_inputs(case, torch.Generator().manual_seed(seed + 404))
+    other = exercise.make_inputs(case, torch.Generator().manual_seed(seed + 505))
+    args, kwargs = _arguments(exercise, first, case)
+    again, _ = _arguments(exercise, other, case)
+    originals = {name: g.tensor.clone() for name, g in other.items()}
+    expected = exercise.expected(originals, case)
+    on_other = "repeated on new inputs of the same shape"
+    try:
+        if hasattr(fn, "repeated"):  # the learner's function, in its own process
+            got = fn.repeated(args, kwargs, again)
+        else:
+            got = repeated(fn, args, kwargs, again)
+    except NotReplayable as why:
+        return (Finding("not_repeatable", f"your function's work could not be {on_other}, "
+                        f"apart from your Python: {why}"),)
+    except Exception as exc:  # the learner's code, called again
+        return (Finding("not_repeatable", f"your function's work, {on_other}, raised "
+                        f"{explain_error(exc)[0].splitlines()[0]}"),)
+    outputs = _as_outputs(got)
+    wrong = []
+    for name, out, want, dtype in zip(exercise.output_names, outputs, expected,
+                                      exercise.output_dtypes(case), strict=False):
+        if exercise.is_graded(name) and (
+                exercise.layout_problem(name, out, want, dtype) is not None
+                or exercise.compare(name, out, want, dtype, originals, case) is not None):
+            wrong.append(name)
+    if len(outputs) != len(exercise.output_names) or wrong:
+        names = ", ".join(f"`{n}`" for n in wrong) or "outputs"
+        return (Finding("work_outside_kernels", f"your kernels' work, {on_other} (the same "
+                        f"allocations, fills, copies and launches, without your Python), gave "
+                        f"wrong {names}: the answer your function returned did not come from "
+                        "its kernels' work on the inputs"),)
     return ()
 
 

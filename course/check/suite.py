@@ -13,6 +13,7 @@ from course.check.runner import (
     Exercise,
     fresh_seed,
     probe_caching,
+    probe_repeat,
     run_case,
 )
 
@@ -40,7 +41,8 @@ def run_exercise(exercise: Exercise, fn: Callable, *, seed: int | None = None) -
     if passing and not any(r.fatal for r in results):
         # Results keep their inputs alive (CaseResult.inputs): the probes' new inputs cannot
         # land at an address a case used, and the refilled ones keep theirs.
-        findings = probe_caching(exercise, fn, passing[0], seed)
+        findings = (probe_caching(exercise, fn, passing[0], seed)
+                    or probe_repeat(exercise, fn, passing[0], seed))
         if findings:
             results.append(CaseResult(passing[0].case, findings=findings))
     copies = sorted({c for r in results for c in r.copies})

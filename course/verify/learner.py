@@ -137,7 +137,7 @@ class Server:
 
     def handle(self, message: dict) -> dict:
         requests = {"run_cell": self.run_cell, "describe": self.describe, "call": self.call,
-                    "forward": self.forward, "backward": self.backward,
+                    "repeat": self.repeat, "forward": self.forward, "backward": self.backward,
                     "mailbox": self.mailbox, "unreadable": self.unreadable}
         op = message.get("op")
         if op not in requests:
@@ -332,6 +332,24 @@ class Server:
             return {"error": _error(NameError(f"name {message['name']!r} is not defined"))}
         args, kwargs = self._arguments(message)
         return self._watched(message, lambda: fn(*args, **kwargs))[0]
+
+    def repeat(self, message: dict) -> dict:
+        """The function called on the message's first `split` arguments, then its GPU work
+        repeated on the rest (course.verify.replay.repeated). In Triton's interpreter this
+        is where the verifier checks that an answer came from the kernels, since it cannot
+        run a kernel's body itself without running the learner's Python."""
+        fn = self.shell.user_ns.get(message["name"])
+        if fn is None:
+            return {"error": _error(NameError(f"name {message['name']!r} is not defined"))}
+        args, kwargs = self._arguments(message)
+        split = message["split"]
+        try:
+            result = replay.repeated(fn, tuple(args[:split]), kwargs, tuple(args[split:]))
+        except replay.NotReplayable as why:
+            return {"error": None, "not_replayable": str(why)}
+        except BaseException as exc:  # the learner's code: reported
+            return {"error": _error(exc)}
+        return {"error": None, "outputs": self._output(result, None)}
 
     def forward(self, message: dict) -> dict:
         function_class = self.shell.user_ns.get(message["name"])

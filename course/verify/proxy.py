@@ -33,7 +33,7 @@ from pathlib import Path
 from course import gpu_lock, runtime
 from course.check import guards, sandbox
 from course.verify import gpu_lane, protocol, strays
-from course.verify.replay import Replay
+from course.verify.replay import NotReplayable, Replay
 
 import torch
 
@@ -541,18 +541,31 @@ class RemoteFunction:
     def __call__(self, *args: object, **kwargs: object) -> object:
         return self.learner.ask({"op": "call", "name": self.name}, args, kwargs)[1]
 
-    def traced(self, *args: object) -> tuple[object, Callable[[], Replay]]:
+    def traced(self, *args: object, **kwargs: object) -> tuple[object, Callable[[], Replay]]:
         """Call it as above, its GPU work traced too: what it returned, and a maker of the
         Replay of that very call (which raises NotReplayable where there is none). The
         Replay is compiled here from the kernels' source, to be timed in this process
-        (course.verify.replay): called with new arguments of the same layout, it does that
-        work again. The changes each launch makes are not tracked: at the timing shape that
-        copies every argument before each launch."""
+        (course.verify.replay): called with new positional arguments of the same layout, it
+        does that work again. The changes each launch makes are not tracked: at the timing
+        shape that copies every argument before each launch."""
         reply, out = self.learner.ask({"op": "call", "name": self.name, "trace": True,
-                                       "track_changes": False}, args)
+                                       "track_changes": False}, args, kwargs)
         keys = [protocol.key_of(a).text() if isinstance(a, torch.Tensor) else None
                 for a in args]
         return out, lambda: Replay(reply["trace"], keys)
+
+    def repeated(self, args: tuple, kwargs: dict, again: tuple) -> object:
+        """Call it on `args` and `kwargs` with its GPU work traced, then have that work, and
+        none of its Python, repeated on `again` in its process, with the kernels it launched
+        (course.verify.replay.repeated): compiling them again here would cost each
+        exercise's kernels a compile, and in Triton's interpreter a kernel's body runs as
+        Python. Return what the repeat returned. Raise NotReplayable where the work cannot
+        be repeated."""
+        reply, out = self.learner.ask({"op": "repeat", "name": self.name, "split": len(args)},
+                                      (*args, *again), kwargs)
+        if reply.get("not_replayable") is not None:
+            raise NotReplayable(reply["not_replayable"])
+        return out
 
     def replayed(self, args: tuple) -> Replay:
         """The Replay of one traced call on `args` (`traced`)."""

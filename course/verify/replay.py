@@ -80,7 +80,12 @@ def _value(value: object, where: str) -> dict:
     if isinstance(value, _PLAIN):
         return {"plain": value}
     if isinstance(value, tl.dtype):
-        return {"tl_dtype": str(value)}
+        # By its name in triton.language (float32), not its own (fp32).
+        names = [name for name, v in vars(tl).items() if isinstance(v, tl.dtype) and v == value]
+        if not names:
+            raise NotReplayable(f"{where} is the Triton dtype {value}, not one of "
+                                "triton.language's")
+        return {"tl_dtype": min(names, key=len)}
     if isinstance(value, torch.dtype):
         return {"plain": value}
     raise NotReplayable(f"{where} is a {type(value).__name__}, which the verifier cannot "
@@ -230,6 +235,7 @@ class Tracer:
     storages: dict[int, str] = field(default_factory=dict)   # address -> "alloc:N"
     sizes: dict[str, int] = field(default_factory=dict)      # "alloc:N" -> bytes
     refused: str | None = None
+    launched_kernels: dict[str, object] = field(default_factory=dict)  # name -> the kernel
 
     def _storage(self, t: torch.Tensor) -> str:
         ptr = _storage_ptr(t)
@@ -274,6 +280,7 @@ class Tracer:
     def launched(self, kernel: object, args: tuple, kwargs: dict, grid: object) -> None:
         try:
             name = kernel_source(kernel, self.kernels)
+            self.launched_kernels[name] = kernel
             signature = inspect.signature(_python_function(kernel))
             options = {k: v for k, v in kwargs.items() if k not in signature.parameters}
             bound = signature.bind(*args, **{k: v for k, v in kwargs.items()
@@ -317,13 +324,14 @@ class Replay:
     `Replay(trace, keys)(*args)`, where `keys[i]` is the storage key argument i travelled
     under when the call was traced (None for an argument that is not a tensor)."""
 
-    def __init__(self, trace: dict, keys: list[str | None]):
+    def __init__(self, trace: dict, keys: list[str | None],
+                 kernels: dict[str, object] | None = None):
         if trace.get("refused"):
             raise NotReplayable(trace["refused"])
         if not any(s["op"] == "launch" for s in trace["steps"]):
             raise NotReplayable("the traced call launched no kernel")
         self.steps, self.keys, self.outputs = trace["steps"], keys, trace["outputs"]
-        self.kernels = rebuild_kernels(trace["kernels"])
+        self.kernels = kernels if kernels is not None else rebuild_kernels(trace["kernels"])
 
     def __call__(self, *args: object) -> object:
         storages: dict[str, torch.Tensor] = {}
@@ -360,3 +368,35 @@ class Replay:
         if "plain" in field:
             return field["plain"]
         raise NotReplayable("the traced call returned an object the verifier cannot rebuild")
+
+
+def repeated(fn, args: tuple, kwargs: dict, again: tuple) -> object:
+    """Call `fn(*args, **kwargs)` here with its GPU work traced, then repeat that work, and
+    none of the Python around it, on `again`: new positional arguments of the same layout.
+    Return what the repeat returned.
+
+    This is for Triton's interpreter, where a kernel's body runs as Python and so cannot be
+    replayed in the verifier. An answer the wrapper computed some other way (in Python from
+    `x.tolist()`, say) and a kernel only copied is not there in the repeat. Raise
+    NotReplayable where the work cannot be repeated."""
+    from course.check import sandbox
+
+    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        raise NotReplayable("a tensor passed by keyword")
+    keys = [str(i) if isinstance(a, torch.Tensor) else None for i, a in enumerate(args)]
+    tracer = Tracer({_storage_ptr(a): k for a, k in zip(args, keys, strict=True)
+                     if k is not None})
+    with sandbox.watch(track_changes=False, tracer=tracer):
+        out = fn(*args, **kwargs)
+    # The very kernels the call launched, where each is Triton's own kind (already compiled
+    # for these shapes on a GPU); any other kind of object, rebuilt from its source.
+    kernels = tracer.launched_kernels
+    plain = all(type(k) in _triton_kernel_types() for k in kernels.values())
+    return Replay(tracer.finish(out), keys, kernels if plain else None)(*again)
+
+
+def _triton_kernel_types() -> tuple[type, ...]:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    return (JITFunction, InterpretedFunction)
