@@ -548,10 +548,14 @@ def _zero_kernel(y_ptr, w_ptr, n_y, n_w, BLOCK: tl.constexpr):
     tl.store(w_ptr + i, tl.zeros([BLOCK], tl.float32).to(w_ptr.dtype.element_ty), mask=i < n_w)
 """
 
-# The answer computed in plain Python on x.tolist() (a copy to the CPU, then no PyTorch op
-# at all), and a kernel that only moves it into y: its stores are y's values, so only
-# repeating the kernels' work on other inputs tells (course.check.runner.probe_repeat).
-CH04_PYTHON_ANSWER = """
+# The answer computed in NumPy on a copy of x (copies are allowed, NumPy runs no PyTorch
+# op; plain Python on x.tolist() is the same, only slower), and a kernel that only moves it
+# into y: its stores are y's values, so only repeating the kernels' work on other inputs
+# tells (course.check.runner.probe_repeat).
+CH04_COPIED_ANSWER = """
+import numpy as np
+
+
 @triton.jit
 def rmsnorm_kernel(src_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
@@ -562,15 +566,13 @@ def rmsnorm_kernel(src_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     x2 = validation.as_rows(x)
-    n = x2.shape[1]
-    w = weight.tolist()
-    rows = []
-    for row in x2.tolist():
-        scale = (sum(v * v for v in row) / n + eps) ** -0.5
-        rows.append([v * scale * wv for v, wv in zip(row, w)])
-    answer = torch.tensor(rows, dtype=torch.float32, device=x.device)
-    y = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
-    rmsnorm_kernel[(x2.shape[0],)](answer, y, n, BLOCK_N=triton.next_power_of_2(n))
+    xs = x2.detach().cpu().double().numpy()
+    ws = weight.detach().cpu().double().numpy()
+    ys = xs / np.sqrt((xs * xs).mean(-1, keepdims=True) + eps) * ws
+    answer = torch.from_numpy(ys).to(device=x.device, dtype=torch.float32)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    rmsnorm_kernel[(x2.shape[0],)](answer, y, x2.shape[1],
+                                   BLOCK_N=triton.next_power_of_2(x2.shape[1]))
     return y.view(x.shape)
 """
 
@@ -603,8 +605,8 @@ CH04_CHEATS = [
            CH04_INT_SUBCLASS, "only passes for a number or a tensor"),
     _cheat("weight", "zeroes y and the weight on inputs only the hidden cell makes",
            CH04_ZEROED_WEIGHT, "of y are wrong", ("ex04_fused_hidden",)),
-    _cheat("python", "computes the answer in Python on x.tolist(); its kernel only copies it",
-           CH04_PYTHON_ANSWER, "did not come from its kernels"),
+    _cheat("copied", "computes the answer in NumPy; its kernel only copies it into y",
+           CH04_COPIED_ANSWER, "did not come from its kernels"),
 ]
 
 
