@@ -196,13 +196,13 @@ ADVICE = {
         "Your function returns the wrong number of values: return exactly what the "
         "exercise's signature says, in that order."),
     "work_outside_kernels": (
-        "The grader repeats your function's GPU work, the allocations, fills, copies and "
+        "The check repeats your function's GPU work, the allocations, fills, copies and "
         "kernel launches and none of its Python, on new inputs, and that gave a wrong answer. "
         "Whatever computed the answer (Python on the values, something kept from an earlier "
         "call) was not the kernels. Compute every output inside your kernel from the inputs "
         "it is passed; the wrapper only allocates, takes views and launches."),
     "not_repeatable": (
-        "The grader repeats your function's GPU work without its Python, and that work "
+        "The check repeats your function's GPU work without its Python, and that work "
         "could not be repeated. A wrapper may allocate (torch.empty), fill with a number, "
         "copy tensors, take views and launch @triton.jit kernels that read only Triton, "
         "constants and other kernels. Anything else belongs inside the kernel."),
