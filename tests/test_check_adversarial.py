@@ -502,6 +502,47 @@ def test_an_honest_kernel_repeated_on_new_inputs_gives_their_answer():
                               atol=1e-2)
 
 
+def _copied_by_kernel(answer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A new tensor shaped and typed like `like`, its values moved from `answer` by a kernel."""
+    n = like.shape[-1]
+    rows = answer.reshape(-1, n).float().contiguous()
+    out = torch.empty(rows.shape, dtype=like.dtype, device=like.device)
+    _copy_rows_kernel[(rows.shape[0],)](rows, out, n, BLOCK=triton.next_power_of_2(n))
+    return out.view(like.shape)
+
+
+class _CopiedFunction(torch.autograd.Function):
+    """Forward and backward computed in NumPy, each answer moved into place by a kernel."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return _copied_by_kernel(_numpy_rmsnorm(x, weight, eps), x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        n = x.shape[-1]
+        xs = x.detach().cpu().double().numpy().reshape(-1, n)
+        ws = weight.detach().cpu().double().numpy()
+        d = dy.detach().cpu().double().numpy().reshape(-1, n)
+        rstd = 1 / np.sqrt((xs * xs).mean(-1, keepdims=True) + ctx.eps)
+        x_hat, g = xs * rstd, d * ws
+        dx = rstd * (g - x_hat * (x_hat * g).mean(-1, keepdims=True))
+        dw = (d * x_hat).sum(0)
+        return (_copied_by_kernel(torch.from_numpy(dx).to(x.device), x),
+                _copied_by_kernel(torch.from_numpy(dw).to(x.device), weight), None)
+
+
+@pytest.mark.parametrize("checker", [check.rmsnorm_autograd, check.rmsnorm_gradcheck],
+                         ids=["autograd", "gradcheck"])
+def test_a_function_whose_answers_kernels_only_copy_is_refused(checker):
+    message = _failure(_CopiedFunction, checker)
+    assert "its GPU work repeated on new inputs" in message
+    assert "did not come from its kernels" in message
+
+
 def test_a_triton_dtype_argument_travels_by_its_name_in_triton_language():
     from course.verify.replay import _rebuilt_value, _value
 

@@ -41,8 +41,10 @@ from course.check.runner import (
     explain_error,
     fresh_seed,
     memory_findings,
+    outside_kernels,
     provenance_findings,
     refused_launch_findings,
+    repeat_or_finding,
     suspect_hints,
 )
 from course.check.suite import warning_notes
@@ -358,6 +360,47 @@ def require_function_class(function_class: object, checker: str) -> None:
                         f"{type(function_class).__name__}")
 
 
+# How a case whose finding came from probe_repeat is named in the report.
+REPEATED_CASE = "its GPU work repeated on new inputs"
+
+
+def probe_repeat(function_class: type, case: Case, seed: int) -> tuple[Finding, ...]:
+    """Forward and backward at the shape of a case that passed, then their GPU work
+    repeated, none of their Python, on other inputs of that shape (as
+    course.check.runner.probe_repeat does for a function): y, dx and dw must be those of the
+    new inputs."""
+    from course.verify.replay import autograd_step, repeated
+
+    first = _make_inputs(case, torch.Generator().manual_seed(seed + 404))
+    other = _make_inputs(case, torch.Generator().manual_seed(seed + 505))
+    args = tuple(first[k].tensor for k in ("x", "weight", "dy"))
+    again = tuple(other[k].tensor for k in ("x", "weight", "dy"))
+    t = {k: other[k].tensor.detach().clone() for k in ("x", "weight", "dy")}
+    t["rstd"] = reference.rmsnorm_rstd(t["x"], EPS).to(f32)
+    y_want = reference.rmsnorm(t["x"], t["weight"], EPS)
+    dx_want, dw_want = reference.rmsnorm_backward(t["x"], t["weight"], t["dy"], eps=EPS)
+    def here(args: tuple, again: tuple, eps: float) -> object:
+        return repeated(autograd_step(function_class, eps), args, {}, again)
+
+    # The learner's Function in its own process (course.verify) repeats itself there.
+    repeat = getattr(function_class, "repeated_step", here)
+    got, failed = repeat_or_finding(lambda: repeat(args, again, EPS),
+                                    "your forward's and backward's")
+    if failed is not None:
+        return (failed,)
+    wanted = (("y", y_want, t["x"].dtype, None), ("dx", dx_want, t["x"].dtype, None),
+              ("dw", dw_want, t["weight"].dtype, dw_sum_atol(dw_terms(t))))
+    got = tuple(got) if isinstance(got, (tuple, list)) else ()
+    wrong = [name for (name, want, dtype, extra), out in zip(wanted, got, strict=False)
+             if not isinstance(out, torch.Tensor) or out.shape != want.shape
+             or compare(name, out, want, dtype, extra_atol=extra) is not None]
+    if len(got) != 3 or wrong:
+        names = ", ".join(f"`{n}`" for n in wrong) or "outputs"
+        return (outside_kernels("your forward's and backward's kernels'", names,
+                                "what your Function returned"),)
+    return ()
+
+
 @learner_facing
 def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
                      quiet: bool = False) -> Report:
@@ -378,9 +421,12 @@ def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
     if passing and not any(r.fatal for r in results):  # the latest call that passed
         spec, passed = passing[-1]
         findings = _probe_same_buffers(function_class, spec, passed, seed + 303)
+        label = "same tensors refilled, x and weight require grad"
+        if not findings:
+            findings = probe_repeat(function_class, passed.case, seed)
+            label = REPEATED_CASE
         if findings:
-            case = dataclasses.replace(passed.case, name="same tensors refilled, x and "
-                                       "weight require grad")
+            case = dataclasses.replace(passed.case, name=label)
             results.append(CaseResult(case, findings=findings))
     notes = []
     if all(r.passed for r in results):

@@ -23,12 +23,19 @@ by the whole derivative. Along the weight, L is linear, and only rounding remain
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from course import runtime
 from course.check import sandbox
-from course.check.autograd import _launch_and_op_findings, require_function_class
+from course.check.autograd import (
+    _CASES,
+    REPEATED_CASE,
+    _launch_and_op_findings,
+    probe_repeat,
+    require_function_class,
+)
 from course.check.cases import Case
 from course.check.diagnose import advise
 from course.check.learner_facing import learner_facing
@@ -201,6 +208,12 @@ def rmsnorm_gradcheck(function_class: type, *, seed: int | None = None,
     for index, shape in enumerate(SHAPES):
         results += _run_shape(function_class, shape,
                               torch.Generator().manual_seed(seed * 1000 + index))
+    if all(r.passed for r in results):  # gradients that agree with a forward the kernels ran
+        case = _CASES[0].case
+        found = probe_repeat(function_class, case, seed)
+        if found:
+            results.append(CaseResult(dataclasses.replace(case, name=REPEATED_CASE),
+                                      findings=found))
     notes = warning_notes(results)
     notes.append(f"float32 central differences, h = {STEP}: allowed {ROUNDING_UNITS} float32 "
                  f"units of sum(|y * dy|) for each loss, plus {100 * RELATIVE:.1f} % of the "

@@ -548,7 +548,7 @@ def probe_repeat(exercise: Exercise, fn: Callable, passed: CaseResult,
     shape. The repeat must return the answer for those inputs. An answer the wrapper
     computed without a PyTorch op the watch refuses (Python on `x.tolist()`: a copy to the
     CPU, then no op at all), which a kernel only copied, is not there in the repeat."""
-    from course.verify.replay import NotReplayable, repeated
+    from course.verify.replay import repeated
 
     if exercise.torch_ops_allowed:
         return ()
@@ -559,18 +559,14 @@ def probe_repeat(exercise: Exercise, fn: Callable, passed: CaseResult,
     again, _ = _arguments(exercise, other, case)
     originals = {name: g.tensor.clone() for name, g in other.items()}
     expected = exercise.expected(originals, case)
-    on_other = "repeated on new inputs of the same shape"
-    try:
-        if hasattr(fn, "repeated"):  # the learner's function, in its own process
-            got = fn.repeated(args, kwargs, again)
-        else:
-            got = repeated(fn, args, kwargs, again)
-    except NotReplayable as why:
-        return (Finding("not_repeatable", f"your function's work could not be {on_other}, "
-                        f"apart from your Python: {why}"),)
-    except Exception as exc:  # the learner's code, called again
-        return (Finding("not_repeatable", f"your function's work, {on_other}, raised "
-                        f"{explain_error(exc)[0].splitlines()[0]}"),)
+    def here(args: tuple, kwargs: dict, again: tuple) -> object:
+        return repeated(fn, args, kwargs, again)
+
+    # The learner's function in its own process (course.verify) repeats itself there.
+    repeat = getattr(fn, "repeated", here)
+    got, failed = repeat_or_finding(lambda: repeat(args, kwargs, again), "your function's")
+    if failed is not None:
+        return (failed,)
     outputs = _as_outputs(got)
     wrong = []
     for name, out, want, dtype in zip(exercise.output_names, outputs, expected,
@@ -581,11 +577,34 @@ def probe_repeat(exercise: Exercise, fn: Callable, passed: CaseResult,
             wrong.append(name)
     if len(outputs) != len(exercise.output_names) or wrong:
         names = ", ".join(f"`{n}`" for n in wrong) or "outputs"
-        return (Finding("work_outside_kernels", f"your kernels' work, {on_other} (the same "
-                        f"allocations, fills, copies and launches, without your Python), gave "
-                        f"wrong {names}: the answer your function returned did not come from "
-                        "its kernels' work on the inputs"),)
+        return (outside_kernels("your kernels'", names, "the answer your function returned"),)
     return ()
+
+
+REPEATED_ON = "repeated on new inputs of the same shape"
+
+
+def repeat_or_finding(repeat: Callable[[], object], whose: str
+                      ) -> tuple[object, Finding | None]:
+    """What `repeat()` (a probe's repeat of the learner's GPU work) returned, or the
+    finding that says why it could not be done."""
+    from course.verify.replay import NotReplayable
+
+    try:
+        return repeat(), None
+    except NotReplayable as why:
+        return None, Finding("not_repeatable", f"{whose} work could not be {REPEATED_ON}, "
+                             f"apart from your Python: {why}")
+    except Exception as exc:  # the learner's code, called again
+        return None, Finding("not_repeatable", f"{whose} work, {REPEATED_ON}, raised "
+                             f"{explain_error(exc)[0].splitlines()[0]}")
+
+
+def outside_kernels(whose: str, names: str, what: str) -> Finding:
+    """The finding for a repeat that gave wrong `names`."""
+    return Finding("work_outside_kernels", f"{whose} work, {REPEATED_ON} (the same "
+                   f"allocations, fills, copies and launches, without your Python), gave "
+                   f"wrong {names}: {what} did not come from its kernels' work on the inputs")
 
 
 def fresh_seed() -> int:

@@ -341,6 +341,11 @@ class Server:
         fn = self.shell.user_ns.get(message["name"])
         if fn is None:
             return {"error": _error(NameError(f"name {message['name']!r} is not defined"))}
+        if message.get("autograd_eps") is not None:  # a Function: forward and backward
+            if not (isinstance(fn, type) and issubclass(fn, torch.autograd.Function)):
+                return {"error": _error(TypeError(f"{message['name']!r} is not a "
+                                                  "torch.autograd.Function"))}
+            fn = replay.autograd_step(fn, message["autograd_eps"])
         args, kwargs = self._arguments(message)
         split = message["split"]
         try:

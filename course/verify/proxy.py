@@ -598,6 +598,16 @@ def remote_autograd_class(learner: Learner, name: str) -> type:
         _, returned = learner.ask({"op": "backward", "token": ctx.token}, grads)
         return returned
 
+    def repeated_step(args: tuple, again: tuple, eps: float) -> object:
+        """`course.verify.replay.autograd_step` of the learner's Function, repeated in its
+        process as `RemoteFunction.repeated` repeats a function."""
+        reply, out = learner.ask({"op": "repeat", "name": name, "split": len(args),
+                                  "autograd_eps": eps}, (*args, *again))
+        if reply.get("not_replayable") is not None:
+            raise NotReplayable(reply["not_replayable"])
+        return out
+
     return type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward), "backward": staticmethod(backward),
+        "repeated_step": staticmethod(repeated_step),
         "__doc__": f"The learner's {name}, run in its own process."})

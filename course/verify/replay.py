@@ -395,6 +395,21 @@ def repeated(fn, args: tuple, kwargs: dict, again: tuple) -> object:
     return Replay(tracer.finish(out), keys, kernels if plain else None)(*again)
 
 
+def autograd_step(function_class: type, eps: float):
+    """A function of (x, weight, dy) giving (y, dx, dw): `function_class.apply(x, weight,
+    eps)` on leaves that share x's and the weight's memory, then its backward through
+    autograd. Its GPU work, forward and backward together, is what `repeated` repeats for a
+    torch.autograd.Function."""
+
+    def step(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor) -> tuple:
+        x_leaf, w_leaf = x.detach().requires_grad_(), weight.detach().requires_grad_()
+        y = function_class.apply(x_leaf, w_leaf, eps)
+        dx, dw = torch.autograd.grad(y, (x_leaf, w_leaf), dy)
+        return y.detach(), dx, dw
+
+    return step
+
+
 def _triton_kernel_types() -> tuple[type, ...]:
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
