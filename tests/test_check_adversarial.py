@@ -472,14 +472,19 @@ def _copy_rows_kernel(src_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * n_cols + cols, values.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def _copied_by_kernel(answer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A new tensor shaped and typed like `like`, its values moved from `answer` by a kernel."""
+    n = like.shape[-1]
+    rows = answer.reshape(-1, n).float().contiguous()
+    out = torch.empty(rows.shape, dtype=like.dtype, device=like.device)
+    _copy_rows_kernel[(rows.shape[0],)](rows, out, n, BLOCK=triton.next_power_of_2(n))
+    return out.view(like.shape)
+
+
 def _numpy_answer_copied(x, weight, eps=1e-6):
     """The answer computed in NumPy on a copy of x (copies are allowed; NumPy runs no
     PyTorch op), and a kernel that only moves it into y: its stores are y's values."""
-    n = x.shape[-1]
-    done = _numpy_rmsnorm(x.reshape(-1, n), weight, eps).float()
-    y = torch.empty(done.shape, dtype=x.dtype, device=x.device)
-    _copy_rows_kernel[(done.shape[0],)](done, y, n, BLOCK=triton.next_power_of_2(n))
-    return y.view(x.shape)
+    return _copied_by_kernel(_numpy_rmsnorm(x, weight, eps), x)
 
 
 def test_an_answer_computed_elsewhere_and_copied_by_a_kernel_is_refused():
@@ -500,15 +505,6 @@ def test_an_honest_kernel_repeated_on_new_inputs_gives_their_answer():
     copied = repeated(_numpy_answer_copied, (x, weight), {"eps": 1e-6}, (other, weight))
     assert not torch.allclose(copied, reference.rmsnorm(other, weight, eps=1e-6).float(),
                               atol=1e-2)
-
-
-def _copied_by_kernel(answer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A new tensor shaped and typed like `like`, its values moved from `answer` by a kernel."""
-    n = like.shape[-1]
-    rows = answer.reshape(-1, n).float().contiguous()
-    out = torch.empty(rows.shape, dtype=like.dtype, device=like.device)
-    _copy_rows_kernel[(rows.shape[0],)](rows, out, n, BLOCK=triton.next_power_of_2(n))
-    return out.view(like.shape)
 
 
 class _CopiedFunction(torch.autograd.Function):

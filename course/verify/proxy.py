@@ -524,6 +524,16 @@ class Learner:
                 raise rebuild_error(reply["error"])
             return reply, self.outputs.build(reply.get("outputs"), records)
 
+    def repeat(self, message: dict, args: tuple, kwargs: dict, again: tuple) -> object:
+        """What the learner's process returned repeating a call's GPU work on `again`
+        (its request `repeat`; `message` names what to call); NotReplayable where it could
+        not."""
+        reply, out = self.ask({"op": "repeat", "split": len(args), **message},
+                              (*args, *again), kwargs)
+        if reply.get("not_replayable") is not None:
+            raise NotReplayable(reply["not_replayable"])
+        return out
+
     def function(self, name: str) -> RemoteFunction:
         return RemoteFunction(self, name)
 
@@ -541,15 +551,15 @@ class RemoteFunction:
     def __call__(self, *args: object, **kwargs: object) -> object:
         return self.learner.ask({"op": "call", "name": self.name}, args, kwargs)[1]
 
-    def traced(self, *args: object, **kwargs: object) -> tuple[object, Callable[[], Replay]]:
+    def traced(self, *args: object) -> tuple[object, Callable[[], Replay]]:
         """Call it as above, its GPU work traced too: what it returned, and a maker of the
         Replay of that very call (which raises NotReplayable where there is none). The
         Replay is compiled here from the kernels' source, to be timed in this process
-        (course.verify.replay): called with new positional arguments of the same layout, it
-        does that work again. The changes each launch makes are not tracked: at the timing
-        shape that copies every argument before each launch."""
+        (course.verify.replay): called with new arguments of the same layout, it does that
+        work again. The changes each launch makes are not tracked: at the timing shape that
+        copies every argument before each launch."""
         reply, out = self.learner.ask({"op": "call", "name": self.name, "trace": True,
-                                       "track_changes": False}, args, kwargs)
+                                       "track_changes": False}, args)
         keys = [protocol.key_of(a).text() if isinstance(a, torch.Tensor) else None
                 for a in args]
         return out, lambda: Replay(reply["trace"], keys)
@@ -561,11 +571,7 @@ class RemoteFunction:
         exercise's kernels a compile, and in Triton's interpreter a kernel's body runs as
         Python. Return what the repeat returned. Raise NotReplayable where the work cannot
         be repeated."""
-        reply, out = self.learner.ask({"op": "repeat", "name": self.name, "split": len(args)},
-                                      (*args, *again), kwargs)
-        if reply.get("not_replayable") is not None:
-            raise NotReplayable(reply["not_replayable"])
-        return out
+        return self.learner.repeat({"name": self.name}, args, kwargs, again)
 
     def replayed(self, args: tuple) -> Replay:
         """The Replay of one traced call on `args` (`traced`)."""
@@ -601,11 +607,7 @@ def remote_autograd_class(learner: Learner, name: str) -> type:
     def repeated_step(args: tuple, again: tuple, eps: float) -> object:
         """`course.verify.replay.autograd_step` of the learner's Function, repeated in its
         process as `RemoteFunction.repeated` repeats a function."""
-        reply, out = learner.ask({"op": "repeat", "name": name, "split": len(args),
-                                  "autograd_eps": eps}, (*args, *again))
-        if reply.get("not_replayable") is not None:
-            raise NotReplayable(reply["not_replayable"])
-        return out
+        return learner.repeat({"name": name, "autograd_eps": eps}, args, {}, again)
 
     return type(name, (torch.autograd.Function,), {
         "forward": staticmethod(forward), "backward": staticmethod(backward),

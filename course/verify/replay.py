@@ -375,10 +375,10 @@ def repeated(fn, args: tuple, kwargs: dict, again: tuple) -> object:
     none of the Python around it, on `again`: new positional arguments of the same layout.
     Return what the repeat returned.
 
-    This is for Triton's interpreter, where a kernel's body runs as Python and so cannot be
-    replayed in the verifier. An answer the wrapper computed some other way (in Python from
-    `x.tolist()`, say) and a kernel only copied is not there in the repeat. Raise
-    NotReplayable where the work cannot be repeated."""
+    An answer the wrapper computed some other way (in Python from `x.tolist()`, say) and a
+    kernel only copied is not there in the repeat. It runs where the call ran (the learner's
+    process, under course.verify): in Triton's interpreter a kernel's body is Python, which
+    the verifier must not run. Raise NotReplayable where the work cannot be repeated."""
     from course.check import sandbox
 
     if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
