@@ -128,6 +128,36 @@ def test_a_kept_backward_gives_the_first_calls_gradients(N):
 
 
 @gpu
+@pytest.mark.parametrize("N", [4096, 5120])
+def test_a_one_row_backward_is_one_launch_first_and_kept(N):
+    # A decode step's single row: its one program writes dW (and dB) in the parameters'
+    # dtype, so the column sums are never launched, neither the first time nor when kept
+    from course import reference
+    from course.check.compare import compare
+    from course.shootout import column_sum_error
+
+    _forget()
+    dtype = torch.bfloat16
+    x0 = torch.randn(1, N, device="cuda", dtype=dtype)
+    w0, b0 = torch.rand(N, device="cuda", dtype=dtype) + 0.5, torch.randn_like(x0[0])
+    dy = torch.randn_like(x0)
+    for _ in range(2):
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        rmsnorm(x, w).backward(dy)
+        want_dx, want_dw = reference.rmsnorm_backward(x0, w0, dy)
+        assert compare("dx", x.grad, want_dx, dtype) is None
+        assert w.grad.dtype == dtype and column_sum_error("dw", w.grad, want_dw, dtype) is None
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        layernorm(x, w, b).backward(dy)
+        want_dx, want_dw, want_db = reference.layernorm_backward(x0, w0, b0, dy)
+        assert compare("dx", x.grad, want_dx, dtype) is None
+        assert column_sum_error("dw", w.grad, want_dw, dtype) is None
+        assert column_sum_error("db", b.grad, want_db, dtype) is None
+    assert len(rmsnorm_module._READY_BACKWARDS) == len(layernorm_module._READY_BACKWARDS) == 1
+    assert len(column_sums_module._READY) == 0
+
+
+@gpu
 def test_kept_launches_match_the_reference_and_run_inside_a_cuda_graph():
     from course import reference
     from course.check.compare import compare

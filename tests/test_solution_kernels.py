@@ -446,6 +446,35 @@ def test_backward_is_deterministic():
         assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
+@pytest.mark.parametrize("plan", [PREFETCH_BWD, EACH_STEP_BWD, PIECES_BWD],
+                         ids=["rows", "each-step", "pieces"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_lone_program_writes_the_parameter_sums_itself(monkeypatch, dtype, plan):
+    """One program takes every row (a decode step's single row): its partial rows are the
+    sums, written in the parameters' dtype, and column_sums is not launched at all."""
+    from solutions.kernels import column_sums as column_sums_module
+
+    class NoSecondLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("column_sums_kernel launched for one program's partial rows")
+    monkeypatch.setattr(column_sums_module, "column_sums_kernel", NoSecondLaunch())
+    plan = replace(plan, programs=1)
+    x, dy, w = _x((5, 300), dtype, mean=2.0), _x((5, 300), dtype, seed=7), _w(300, dtype)
+    b = _x(300, dtype, seed=3)
+    dx, dw = rmsnorm_backward(x, w, reference.rmsnorm_rstd(x).float(), dy, plan)
+    want_dx, want_dw = reference.rmsnorm_backward(x, w, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    assert dw.dtype == w.dtype and dw.shape == w.shape
+    _assert_sums_close("dw", dw, want_dw)
+    mean, rstd = (s.float() for s in reference.layernorm_stats(x))
+    dx, dw, db = layernorm_backward(x, w, mean, rstd, dy, plan=plan)
+    want_dx, want_dw, want_db = reference.layernorm_backward(x, w, b, dy)
+    _assert_close("dx", dx, want_dx, dtype)
+    assert dw.dtype == db.dtype == w.dtype and dw.shape == db.shape == w.shape
+    _assert_sums_close("dw", dw, want_dw)
+    _assert_sums_close("db", db, want_db)
+
+
 def test_column_sums_of_more_partial_rows_than_one_step_holds():
     """The second kernel of every backward: narrow strips of columns, up to SUM_ROWS
     partial rows a step; 2 sets (dW and dB) of 2500 rows of 37 columns take three steps

@@ -1,6 +1,10 @@
 """The second, small reduction of every backward: dW (and dB) as column sums of the float32
 partial rows that the first kernel's programs wrote. A fixed order of additions, no atomics:
-the same inputs give the same bits on every run."""
+the same inputs give the same bits on every run.
+
+Where the first kernel runs one program (a single row, as in decode), that program's row is
+already the sum: `partial_rows` then asks it to write dW (and dB) in the parameters' dtype,
+and no second launch is needed (one launch is most of a short backward's host cost)."""
 
 from __future__ import annotations
 
@@ -38,6 +42,23 @@ def column_sums_kernel(partial_ptr, out_ptr, P, N, stride_partial_set, stride_ou
     total = tl.sum(acc, axis=0)
     tl.store(out_ptr + which * stride_out_set + cols,
              total.to(out_ptr.dtype.element_ty), mask=col_mask)
+
+
+def partial_rows(sets: int, programs: int, n: int, dtype: torch.dtype, device, *,
+                 zeros: bool = False) -> torch.Tensor:
+    """Where the first kernel's programs write their partial rows: (sets, programs, n) float32,
+    or, for one program, (sets, n) in `dtype`: the sums themselves (`summed`). `zeros` for
+    kernels that add into their row (the loop paths), which always get float32 rows."""
+    if programs == 1 and not zeros:
+        return torch.empty((sets, n), dtype=dtype, device=device)
+    alloc = torch.zeros if zeros else torch.empty
+    return alloc((sets, programs, n), dtype=torch.float32, device=device)
+
+
+def summed(partials: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """(sets, n) sums of what `partial_rows` gave: its rows as they are where one program
+    wrote them, else their column sums."""
+    return partials if partials.dim() == 2 else column_sums(partials, out_dtype)
 
 
 # Launches kept by launch_key(partials, out_dtype) (ready_launch.py).

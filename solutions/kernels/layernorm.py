@@ -20,7 +20,7 @@ Backward (per row, x_hat = (x - mean) * rstd, g = dy * w):
     dx = rstd * (g - mean(g) - x_hat * mean(x_hat * g)),   dw = sum dy * x_hat,   db = sum dy
 
 dw and db are summed as RMSNorm's dw is: a float32 partial row each per program, then
-`column_sums` (one launch for both).
+`column_sums` (one launch for both), or written in the parameters' dtype by a lone program.
 
 Reading guide. Read `plain_layernorm.py` first: the same arithmetic, one row a program, the
 variance from the centred row. The kernels here mirror rmsnorm.py's, path for path, and its
@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solutions.kernels.column_sums import column_sums
+from solutions.kernels.column_sums import partial_rows, summed
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
 from solutions.kernels.ready_launch import launch_key, ready_launch
@@ -479,8 +479,10 @@ def layernorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, 
             dw_acc += dy * x_hat
             db_acc += dy
     out = partial_ptr + pid.to(tl.int64) * N + cols
-    tl.store(out, _over_rows(dw_acc, SUMMED=SUM_EACH_STEP), mask=col_mask)
-    tl.store(out + stride_partial_set, _over_rows(db_acc, SUMMED=SUM_EACH_STEP), mask=col_mask)
+    partial_type = partial_ptr.dtype.element_ty  # float32, or the parameters' for one program
+    tl.store(out, _over_rows(dw_acc, SUMMED=SUM_EACH_STEP).to(partial_type), mask=col_mask)
+    tl.store(out + stride_partial_set, _over_rows(db_acc, SUMMED=SUM_EACH_STEP).to(partial_type),
+             mask=col_mask)
 
 
 @triton.jit
@@ -539,10 +541,11 @@ def layernorm_bwd_pieces_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr
         db_head += dy_head
         db_tail += dy_tail
     out = partial_ptr + pid.to(tl.int64) * N
-    tl.store(out + head, dw_head)
-    tl.store(out + tail, dw_tail, mask=tail_mask)
-    tl.store(out + stride_partial_set + head, db_head)
-    tl.store(out + stride_partial_set + tail, db_tail, mask=tail_mask)
+    partial_type = partial_ptr.dtype.element_ty  # float32, or the parameters' for one program
+    tl.store(out + head, dw_head.to(partial_type))
+    tl.store(out + tail, dw_tail.to(partial_type), mask=tail_mask)
+    tl.store(out + stride_partial_set + head, db_head.to(partial_type))
+    tl.store(out + stride_partial_set + tail, db_tail.to(partial_type), mask=tail_mask)
 
 
 @triton.jit
@@ -653,13 +656,14 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
         dw_acc += dy * x_hat
         db_acc += dy
     out = partial_ptr + group.to(tl.int64) * N + cols
-    tl.store(out, dw_acc, mask=col_mask)
-    tl.store(out + stride_partial_set, db_acc, mask=col_mask)
+    partial_type = partial_ptr.dtype.element_ty  # float32, or the parameters' for one group
+    tl.store(out, dw_acc.to(partial_type), mask=col_mask)
+    tl.store(out + stride_partial_set, db_acc.to(partial_type), mask=col_mask)
 
 
 # Launches kept by the layouts of (x, weight, mean, rstd, dy) and the parameters' dtype
-# (ready_launch.py), with the shape of their partial sums, and the first kernel's arguments
-# that each call fills in.
+# (ready_launch.py), with the shape and dtype of their partial sums, and the first kernel's
+# arguments that each call fills in.
 _READY_BACKWARDS: dict = {}
 _BACKWARD_PER_CALL = ("x_ptr", "w_ptr", "dy_ptr", "mean_ptr", "rstd_ptr", "dx_ptr",
                       "partial_ptr")
@@ -673,11 +677,11 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     key = launch_key(x, weight, mean, rstd, dy, param_dtype) if plan is None else None
     kept = _READY_BACKWARDS.get(key)
     if kept is not None:  # these layouts were checked, planned and compiled before
-        ready, partials_shape, param_dtype = kept
+        ready, partials_shape, partials_dtype, param_dtype = kept
         dx = torch.empty_like(x)  # contiguous, as in _forward
-        partials = torch.empty(partials_shape, dtype=torch.float32, device=x.device)
+        partials = torch.empty(partials_shape, dtype=partials_dtype, device=x.device)
         ready.run(x, dx if weight is None else weight, dy, mean, rstd, dx, partials)
-        sums = column_sums(partials, param_dtype)
+        sums = summed(partials, param_dtype)
         return dx, sums[0], sums[1]
     x2 = as_rows(x)
     dy2 = check_same_rows(x, dy, "dy")
@@ -694,8 +698,7 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     check_path_runs_here(plan.path, x.device, plan.split)
     rows_per_program = plan.rows_per_program(M)
     programs = triton.cdiv(M, rows_per_program)  # row groups, for the split path
-    alloc = torch.zeros if plan.path == "loop" else torch.empty
-    partials = alloc((2, programs, N), dtype=torch.float32, device=x.device)
+    partials = partial_rows(2, programs, N, param_dtype, x.device, zeros=plan.path == "loop")
     args = (x2, weight if weight is not None else dx, dy2, mean2, rstd2, dx, partials, M, N,
             x2.stride(0), dy2.stride(0), dx.stride(0), rows_per_program, partials.stride(0))
     flags = dict(HAS_WEIGHT=weight is not None,
@@ -727,8 +730,8 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
                     for a, b in ((x2, x), (dy2, dy), (mean2, mean), (rstd2, rstd)))):
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
                                               _BACKWARD_PER_CALL),
-                                 partials.shape, param_dtype)
-    sums = column_sums(partials, param_dtype)
+                                 partials.shape, partials.dtype, param_dtype)
+    sums = summed(partials, param_dtype)
     return dx.view(x.shape), sums[0], sums[1]
 
 

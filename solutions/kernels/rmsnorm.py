@@ -10,7 +10,8 @@ Backward (per row, x_hat = x * rstd, g = dy * w):
     dx = rstd * (g - x_hat * mean(x_hat * g))        dw = sum over rows of dy * x_hat
 
 dw is summed deterministically: each program of the first kernel adds up its own rows into
-one float32 row of partial sums, and `column_sums` adds those rows in a fixed order.
+one float32 row of partial sums, and `column_sums` adds those rows in a fixed order (a lone
+program writes dw itself, in the weight's dtype: `column_sums.partial_rows`).
 
 Reading guide. Read `plain_rmsnorm.py` first: the same arithmetic, one row a program, one
 path. Everything here is that, specialised per shape. Seven kernels; the launch plan that
@@ -65,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solutions.kernels.column_sums import column_sums
+from solutions.kernels.column_sums import partial_rows, summed
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
 from solutions.kernels.ready_launch import launch_key, ready_launch
@@ -482,7 +483,8 @@ def rmsnorm_bwd_rows_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_p
             dw_acc += dy * x_hat
     if not SUM_EACH_STEP:
         dw_acc = tl.sum(dw_acc, axis=0)
-    tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+    tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols,
+             dw_acc.to(dw_partial_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
@@ -534,8 +536,8 @@ def rmsnorm_bwd_pieces_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial
         dw_head += dy_head * x_hat_head
         dw_tail += dy_tail * x_hat_tail
     partial = dw_partial_ptr + pid.to(tl.int64) * N
-    tl.store(partial + head, dw_head)
-    tl.store(partial + tail, dw_tail, mask=tail_mask)
+    tl.store(partial + head, dw_head.to(dw_partial_ptr.dtype.element_ty))
+    tl.store(partial + tail, dw_tail.to(dw_partial_ptr.dtype.element_ty), mask=tail_mask)
 
 
 @triton.jit
@@ -626,11 +628,12 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
             tl.store(dx_ptr + prev * stride_dx_row + cols,
                      ((dy * w - x_hat * c) * rstd).to(dx_ptr.dtype.element_ty), mask=col_mask)
             dw_acc += dy * x_hat
-    tl.store(dw_partial_ptr + group.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+    tl.store(dw_partial_ptr + group.to(tl.int64) * N + cols,
+             dw_acc.to(dw_partial_ptr.dtype.element_ty), mask=col_mask)
 
 
-# Launches kept by the layouts of (x, weight, rstd, dy) (ready_launch.py), with the shape of
-# their partial sums, and the first kernel's arguments that each call fills in.
+# Launches kept by the layouts of (x, weight, rstd, dy) (ready_launch.py), with the shape and
+# dtype of their partial sums, and the first kernel's arguments that each call fills in.
 _READY_BACKWARDS: dict = {}
 _BACKWARD_PER_CALL = ("x_ptr", "w_ptr", "dy_ptr", "rstd_ptr", "dx_ptr", "dw_partial_ptr")
 
@@ -642,11 +645,11 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     key = launch_key(x, weight, rstd, dy) if plan is None else None
     kept = _READY_BACKWARDS.get(key)
     if kept is not None:  # these layouts were checked, planned and compiled before
-        ready, partials_shape = kept
+        ready, partials_shape, partials_dtype = kept
         dx = torch.empty_like(x)  # contiguous, as in _forward
-        partials = torch.empty(partials_shape, dtype=torch.float32, device=x.device)
+        partials = torch.empty(partials_shape, dtype=partials_dtype, device=x.device)
         ready.run(x, dx if weight is None else weight, dy, rstd, dx, partials)
-        return dx, column_sums(partials, weight.dtype)[0] if weight is not None else None
+        return dx, summed(partials, weight.dtype)[0] if weight is not None else None
     x2 = as_rows(x)
     dy2 = check_same_rows(x, dy, "dy")
     check_param(x, weight, "weight")
@@ -662,8 +665,8 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     programs = triton.cdiv(M, rows_per_program)
     if plan.path == "split":  # groups take rows in turn: every group has at least one row
         programs = min(M, plan.programs)
-    alloc = torch.zeros if plan.path == "loop" else torch.empty
-    partials = alloc((1, programs, N), dtype=torch.float32, device=x.device)
+    partials = partial_rows(1, programs, N, x.dtype if weight is None else weight.dtype,
+                            x.device, zeros=plan.path == "loop")
     w_arg = weight if weight is not None else dx
     common = (x2, w_arg, dy2, rstd2, dx, partials, M, N, x2.stride(0), dy2.stride(0),
               dx.stride(0), rows_per_program)
@@ -694,8 +697,9 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
             and x2.data_ptr() == x.data_ptr() and dy2.data_ptr() == dy.data_ptr()
             and rstd2.data_ptr() == rstd.data_ptr()):
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
-                                              _BACKWARD_PER_CALL), partials.shape)
-    dw = column_sums(partials, weight.dtype)[0] if weight is not None else None
+                                              _BACKWARD_PER_CALL),
+                                 partials.shape, partials.dtype)
+    dw = summed(partials, weight.dtype)[0] if weight is not None else None
     return dx.view(x.shape), dw
 
 
