@@ -47,6 +47,7 @@ class Mismatch:
     examples: tuple[tuple[tuple[int, int], float, float], ...]  # ((row, col), expected, got)
     row_scale_err: float = 0.0   # worst |scale - 1| of a row fitted as got = scale * expected
     vector: bool = False         # the output is 1-D (dw, say): one row, described as such
+    unwritten_rows: tuple[int, ...] = ()  # rows NaN from end to end: never written
 
     @property
     def all_poison(self) -> bool:
@@ -66,6 +67,14 @@ class Mismatch:
         if k > 0 and self.poison_cols == tuple(range(k, self.n_cols)):
             return k
         return None
+
+    def unwritten_rows_from(self) -> int | None:
+        """If the wrong rows are exactly the rows from some k on, and none of them was ever
+        written (a grid that rounds the rows down), that k."""
+        if self.vector or not self.unwritten_rows:
+            return None
+        tail = tuple(range(self.unwritten_rows[0], self.n_rows))
+        return tail[0] if self.unwritten_rows == tail == self.bad_rows else None
 
     def describe(self) -> str:
         if self.n_bad == 0:  # within tolerance element by element, but scaled row by row
@@ -199,6 +208,7 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.d
         max_abs_err=float(finite_err.max()) if finite_err.numel() else float("inf"),
         examples=tuple(examples),
         vector=expected.dim() == 1,
+        unwritten_rows=tuple(poison.all(dim=1).nonzero().flatten().tolist()),
     )
 
 

@@ -168,6 +168,14 @@ def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
             "your kernel covers only the first part of each row. Make the block cover the "
             "whole row: BLOCK_N = triton.next_power_of_2(N) passed as a tl.constexpr, or "
             "loop over the row in blocks.")
+    matrices = [m for m in first if not m.vector]
+    last_rows = {m.unwritten_rows_from() for m in matrices}
+    if matrices and None not in last_rows:
+        return "last_rows", (
+            "The last rows were left unwritten (they still hold the checker's NaN), and every "
+            "row before them is right: the launch leaves the rows past a whole number of "
+            "programs without one. Round up: triton.cdiv(M, rows) programs, not M // rows, "
+            "and mask the rows past M in the last program.")
     if all_wrong_have("strided") and not _tagged(right, "strided"):
         return "strided", (
             "Only inputs whose rows are not contiguous fail: your kernel assumes the row "
@@ -355,8 +363,8 @@ def advise(results: Sequence[CaseResult], suspects: Sequence[Suspect] = (),
 
 # Diagnoses about addresses, which elements a kernel loads and stores: a picture of its
 # accesses shows them (course.check.address_pictures).
-ADDRESS_RULES = frozenset({"all_poison", "tail", "strided", "nd_row_stride", "row_offset",
-                           "wide", "mask", "edge"})
+ADDRESS_RULES = frozenset({"all_poison", "tail", "last_rows", "strided", "nd_row_stride",
+                           "row_offset", "wide", "mask", "edge"})
 ADDRESS_FINDINGS = frozenset({"input_written", "input_guard_written", "output_margin_written"})
 
 
