@@ -15,12 +15,13 @@ import triton.language as tl
 @triton.jit
 def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                      BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, BIAS: tl.constexpr,
-                     UNBIASED: tl.constexpr, CENTRE: tl.constexpr):
+                     UNBIASED: tl.constexpr, CENTRE: tl.constexpr, MEAN_BY_BLOCK: tl.constexpr,
+                     VAR_BY_BLOCK: tl.constexpr, EPS_OUTSIDE: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=0) / n_cols
+    mean = tl.sum(x, axis=0) / (BLOCK_N if MEAN_BY_BLOCK else n_cols)
     if not CENTRE:
         mean = 0.0
     if ONE_PASS:
@@ -30,9 +31,9 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
     else:
         # The row is in registers: centre it, then sum the squared deviations.
         centred = tl.where(mask, x - mean, 0.0)
-        divisor = n_cols - 1 if UNBIASED else n_cols
+        divisor = n_cols - 1 if UNBIASED else (BLOCK_N if VAR_BY_BLOCK else n_cols)
         var = tl.sum(centred * centred, axis=0) / divisor
-    rstd = 1.0 / tl.sqrt(var + eps)
+    rstd = 1.0 / (tl.sqrt(var) + eps) if EPS_OUTSIDE else 1.0 / tl.sqrt(var + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = centred * rstd * w
     if BIAS:
@@ -41,7 +42,7 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
 
 
 def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=False,
-            centre=True):
+            centre=True, mean_by_block=False, var_by_block=False, eps_outside=False):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = x2.shape[1]
@@ -49,6 +50,8 @@ def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=F
     layernorm_kernel[(x2.shape[0],)](x2, weight, bias, y, x2.stride(0), y.stride(0), n, eps,
                                      BLOCK_N=block, ONE_PASS=one_pass, BIAS=bias_added,
                                      UNBIASED=unbiased, CENTRE=centre,
+                                     MEAN_BY_BLOCK=mean_by_block, VAR_BY_BLOCK=var_by_block,
+                                     EPS_OUTSIDE=eps_outside,
                                      num_warps=min(16, max(4, block // 512)))
     return y.view(x.shape)
 
@@ -73,10 +76,30 @@ def mean_not_subtracted(x, weight, bias, eps=1e-5):
     return _launch(x, weight, bias, eps, centre=False)
 
 
+def mean_by_block(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, mean_by_block=True)
+
+
+def variance_by_block(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, var_by_block=True)
+
+
+def both_by_block(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, mean_by_block=True, var_by_block=True)
+
+
+def eps_outside_sqrt(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, eps_outside=True)
+
+
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "one_pass": (one_pass, "catastrophic cancellation"),
     "missing_bias": (missing_bias, "y lacks the bias"),
     "unbiased_variance": (unbiased_variance, "divided by N"),
     "mean_not_subtracted": (mean_not_subtracted, "the mean is never subtracted"),
+    "mean_by_block": (mean_by_block, "the mean divided by"),
+    "variance_by_block": (variance_by_block, "the variance divided by"),
+    "both_by_block": (both_by_block, "the mean and variance both divided by"),
+    "eps_outside_sqrt": (eps_outside_sqrt, "eps is added outside the square root"),
 }

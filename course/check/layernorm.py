@@ -15,6 +15,7 @@ from collections.abc import Callable
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, CallSpec, check_bandwidth
 from course.check.cases import Case, row_shape_cases
+from course.check.compare import compare
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise, Inputs, Suspect, Tensors
@@ -119,7 +120,45 @@ def _padding_in_variance(t: Tensors, case: Case) -> torch.Tensor | None:
             + t["bias"].to(torch.float64))
 
 
+def _statistics_divided_by(t: Tensors, case: Case, mean_by: int, var_by: int,
+                           eps_inside: bool = True) -> torch.Tensor:
+    """y with the row's sum divided by `mean_by` for the mean, the centred squares' sum by
+    `var_by` for the variance, and eps inside the square root or outside it."""
+    x64 = t["x"].to(torch.float64)
+    centred = x64 - x64.sum(dim=-1, keepdim=True) / mean_by
+    var = centred.square().sum(dim=-1, keepdim=True) / var_by
+    scale = torch.rsqrt(var + case.eps) if eps_inside else 1.0 / (var.sqrt() + case.eps)
+    return centred * scale * t["weight"].to(torch.float64) + t["bias"].to(torch.float64)
+
+
+def _divided_by_block(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """Which statistic was divided by BLOCK_N = next_power_of_2(N) instead of N, when y is
+    that; None otherwise, and where N is a power of two (the block is then the row)."""
+    n, block = case.n, 1 << (case.n - 1).bit_length()
+    if block == n:
+        return None
+    for what, mean_by, var_by in (("the mean and variance both", block, block),
+                                  ("the mean", block, n), ("the variance", n, block)):
+        want = _statistics_divided_by(t, case, mean_by, var_by)
+        if compare("y", got, want, got.dtype) is None:
+            return f"{what} divided by {block} (BLOCK_N), not by N = {n}"
+    return None
+
+
+def _eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
+    return _statistics_divided_by(t, case, case.n, case.n, eps_inside=False)
+
+
 SUSPECTS = (
+    Suspect("divided_by_block", "y",
+            "A statistic is divided by BLOCK_N, the padded block size, instead of N: rows "
+            "whose length is a power of two pass, the others fail. The masked lanes add zeros "
+            "to the sums but are not elements of the row: divide the sum of x and the sum of "
+            "squared deviations by n_cols.", matches=_divided_by_block),
+    Suspect("eps_outside_sqrt", "y",
+            "eps is added outside the square root: you divide by sqrt(var) + eps. LayerNorm "
+            "adds it inside, rstd = 1 / sqrt(var + eps). With the default eps the two barely "
+            "differ, so only a case with a larger eps shows it.", expected=_eps_outside_sqrt),
     # Before the unbiased variance: on rows of small mean both nudge the variance up a
     # little, and this one is the pattern that matches every padded case.
     Suspect("padding_in_variance", "y",
