@@ -16,7 +16,8 @@ import triton.language as tl
 def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                      BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, BIAS: tl.constexpr,
                      UNBIASED: tl.constexpr, CENTRE: tl.constexpr, MEAN_BY_BLOCK: tl.constexpr,
-                     VAR_BY_BLOCK: tl.constexpr, EPS_OUTSIDE: tl.constexpr):
+                     VAR_BY_BLOCK: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
+                     Y_CENTRED: tl.constexpr, VAR_CENTRED: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -32,7 +33,10 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
         # The row is in registers: centre it, then sum the squared deviations.
         centred = tl.where(mask, x - mean, 0.0)
         divisor = n_cols - 1 if UNBIASED else (BLOCK_N if VAR_BY_BLOCK else n_cols)
-        var = tl.sum(centred * centred, axis=0) / divisor
+        deviation = centred if VAR_CENTRED else x
+        var = tl.sum(deviation * deviation, axis=0) / divisor
+        if not Y_CENTRED:
+            centred = x
     rstd = 1.0 / (tl.sqrt(var) + eps) if EPS_OUTSIDE else 1.0 / tl.sqrt(var + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = centred * rstd * w
@@ -42,7 +46,8 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
 
 
 def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=False,
-            centre=True, mean_by_block=False, var_by_block=False, eps_outside=False):
+            centre=True, mean_by_block=False, var_by_block=False, eps_outside=False,
+            y_centred=True, var_centred=True):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = x2.shape[1]
@@ -51,7 +56,8 @@ def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=F
                                      BLOCK_N=block, ONE_PASS=one_pass, BIAS=bias_added,
                                      UNBIASED=unbiased, CENTRE=centre,
                                      MEAN_BY_BLOCK=mean_by_block, VAR_BY_BLOCK=var_by_block,
-                                     EPS_OUTSIDE=eps_outside,
+                                     EPS_OUTSIDE=eps_outside, Y_CENTRED=y_centred,
+                                     VAR_CENTRED=var_centred,
                                      num_warps=min(16, max(4, block // 512)))
     return y.view(x.shape)
 
@@ -92,6 +98,14 @@ def eps_outside_sqrt(x, weight, bias, eps=1e-5):
     return _launch(x, weight, bias, eps, eps_outside=True)
 
 
+def centred_in_variance_only(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, y_centred=False)
+
+
+def centred_in_output_only(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, var_centred=False)
+
+
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "one_pass": (one_pass, "catastrophic cancellation"),
@@ -102,4 +116,6 @@ BROKEN = {
     "variance_by_block": (variance_by_block, "the variance divided by"),
     "both_by_block": (both_by_block, "the mean and variance both divided by"),
     "eps_outside_sqrt": (eps_outside_sqrt, "eps is added outside the square root"),
+    "centred_in_variance_only": (centred_in_variance_only, "subtracted in the variance but not"),
+    "centred_in_output_only": (centred_in_output_only, "subtracted in y but not"),
 }

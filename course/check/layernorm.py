@@ -145,6 +145,16 @@ def _divided_by_block(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
     return None
 
 
+def _centred_once(t: Tensors, case: Case, in_variance: bool) -> torch.Tensor:
+    """y with the mean subtracted in the variance only (y from x itself), or in y only (the
+    variance from the raw squares, mean(x^2))."""
+    x64 = t["x"].to(torch.float64)
+    centred = x64 - x64.mean(dim=-1, keepdim=True)
+    var = (centred if in_variance else x64).square().mean(dim=-1, keepdim=True)
+    y = (x64 if in_variance else centred) * torch.rsqrt(var + case.eps)
+    return y * t["weight"].to(torch.float64) + t["bias"].to(torch.float64)
+
+
 def _eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
     return _statistics_divided_by(t, case, case.n, case.n, eps_inside=False)
 
@@ -175,6 +185,14 @@ SUSPECTS = (
             "You divide the sum of squared deviations by N - 1 (the unbiased variance, "
             "torch.var's default). LayerNorm uses the biased variance, divided by N, as "
             "torch.nn.functional.layer_norm does.", expected=_unbiased),
+    Suspect("centred_in_variance_only", "y",
+            "y is x * rstd * weight + bias: the mean is subtracted in the variance but not in "
+            "y. Both use the centred row: y = (x - mean) * rstd * weight + bias.",
+            expected=lambda t, c: _centred_once(t, c, in_variance=True)),
+    Suspect("centred_in_output_only", "y",
+            "The variance is mean(x^2), the raw squares: the mean is subtracted in y but not "
+            "in the variance. Sum the squared deviations, (x - mean)^2, over the row.",
+            expected=lambda t, c: _centred_once(t, c, in_variance=False)),
     Suspect("mean_not_subtracted", "y",
             "y is x / sqrt(mean(x^2) + eps) * weight + bias: the mean is never subtracted "
             "(that is RMSNorm plus a bias). Compute mean = sum(x) / N, then use x - mean both "
