@@ -507,6 +507,37 @@ def test_an_honest_kernel_repeated_on_new_inputs_gives_their_answer():
                               atol=1e-2)
 
 
+def test_a_repeat_gives_nan_where_the_call_read_memory_it_did_not_fill():
+    # Memory that existed before the call is new memory in the repeat, poisoned: what the
+    # allocator last held there (once, a right answer for the new inputs) never shows
+    from course.verify.replay import repeated
+
+    kept_between_calls = torch.full((5, 96), 7.0, device=runtime.DEVICE)
+    x, other = torch.randn(5, 96, device=runtime.DEVICE), torch.randn(5, 96, device=runtime.DEVICE)
+    weight = torch.ones(96, device=runtime.DEVICE)
+
+    def from_a_kept_buffer(x, weight, eps=1e-6):
+        return _copied_by_kernel(kept_between_calls, x)
+    assert torch.isnan(repeated(from_a_kept_buffer, (x, weight), {}, (other, weight))).all()
+
+
+def test_repeats_hold_whatever_the_allocator_reuses():
+    # Storages freed during a traced call once handed their addresses to later tensors of
+    # the call, which then passed for them (a crash, or a copied answer counted as computed)
+    from course.verify.replay import repeated
+
+    held = []
+    for trial in range(20):
+        held.append(torch.randn(trial % 7 + 1, 50))  # a different allocator state each time
+        gen = torch.Generator().manual_seed(3)
+        x, other, weight = (t.to(runtime.DEVICE) for t in (
+            torch.randn(5, 96, generator=gen), torch.randn(5, 96, generator=gen),
+            torch.rand(96, generator=gen) + 0.5))
+        copied = repeated(_numpy_answer_copied, (x, weight), {"eps": 1e-6}, (other, weight))
+        assert not torch.allclose(copied, reference.rmsnorm(other, weight, eps=1e-6).float(),
+                                  atol=1e-2), trial
+
+
 class _CopiedFunction(torch.autograd.Function):
     """Forward and backward computed in NumPy, each answer moved into place by a kernel."""
 

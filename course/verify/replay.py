@@ -236,6 +236,9 @@ class Tracer:
     sizes: dict[str, int] = field(default_factory=dict)      # "alloc:N" -> bytes
     refused: str | None = None
     launched_kernels: dict[str, object] = field(default_factory=dict)  # name -> the kernel
+    # Every storage named, kept alive while the call runs: a tensor freed during the call
+    # would hand its address to a later one, which would then pass for it
+    held: list = field(default_factory=list)
 
     def _storage(self, t: torch.Tensor) -> str:
         ptr = _storage_ptr(t)
@@ -246,6 +249,7 @@ class Tracer:
             # new memory of its size, which the call must fill before it reads it.
             name = f"alloc:{len(self.sizes)}"
             self.storages[ptr] = name
+            self.held.append(t.untyped_storage())
             self.sizes[name] = t.untyped_storage().nbytes()
             self.steps.append({"op": "alloc", "storage": name, "nbytes": self.sizes[name],
                                "device": t.device.type})
@@ -325,13 +329,16 @@ class Replay:
     under when the call was traced (None for an argument that is not a tensor)."""
 
     def __init__(self, trace: dict, keys: list[str | None],
-                 kernels: dict[str, object] | None = None):
+                 kernels: dict[str, object] | None = None, *, poison: bool = False):
         if trace.get("refused"):
             raise NotReplayable(trace["refused"])
         if not any(s["op"] == "launch" for s in trace["steps"]):
             raise NotReplayable("the traced call launched no kernel")
         self.steps, self.keys, self.outputs = trace["steps"], keys, trace["outputs"]
         self.kernels = kernels if kernels is not None else rebuild_kernels(trace["kernels"])
+        # poison: new memory holds NaN bytes, not what the allocator last held there (maybe
+        # a right answer), where a replay checks answers rather than time
+        self.poison = poison
 
     def __call__(self, *args: object) -> object:
         storages: dict[str, torch.Tensor] = {}
@@ -346,8 +353,10 @@ class Replay:
         for step in self.steps:
             op = step["op"]
             if op == "alloc":
-                storages[step["storage"]] = torch.empty(step["nbytes"], dtype=torch.uint8,
-                                                        device=device)
+                storages[step["storage"]] = (
+                    torch.full((step["nbytes"],), 0xFF, dtype=torch.uint8, device=device)
+                    if self.poison else
+                    torch.empty(step["nbytes"], dtype=torch.uint8, device=device))
             elif op == "fill":
                 view(step["target"]).fill_(step["value"])
             elif op == "copy":
@@ -392,7 +401,7 @@ def repeated(fn, args: tuple, kwargs: dict, again: tuple) -> object:
     # for these shapes on a GPU); any other kind of object, rebuilt from its source.
     kernels = tracer.launched_kernels
     plain = all(type(k) in _triton_kernel_types() for k in kernels.values())
-    return Replay(tracer.finish(out), keys, kernels if plain else None)(*again)
+    return Replay(tracer.finish(out), keys, kernels if plain else None, poison=True)(*again)
 
 
 def autograd_step(function_class: type, eps: float):
