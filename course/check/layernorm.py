@@ -89,14 +89,7 @@ def _extra_atol(name: str, t: Tensors, case: Case) -> torch.Tensor | None:
 
 
 def _unbiased(t: Tensors, case: Case) -> torch.Tensor | None:
-    n = case.n
-    if n < 2:
-        return None
-    x64 = t["x"].to(torch.float64)
-    mean = x64.mean(dim=-1, keepdim=True)
-    var = (x64 - mean).square().sum(dim=-1, keepdim=True) / (n - 1)
-    return ((x64 - mean) * torch.rsqrt(var + case.eps) * t["weight"].to(torch.float64)
-            + t["bias"].to(torch.float64))
+    return None if case.n < 2 else _statistics_divided_by(t, case, case.n, case.n - 1)
 
 
 def _no_mean(t: Tensors, case: Case) -> torch.Tensor:
