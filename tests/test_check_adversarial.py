@@ -413,6 +413,7 @@ def _copy_rows(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
 def test_kernels_are_refused_by_the_module_that_defines_them(module, refused):
     fn = types.FunctionType(_copy_rows.__code__, _copy_rows.__globals__, "_copy_rows")
     fn.__module__ = module
+    fn.__annotations__ = _copy_rows.__annotations__  # BLOCK_N constexpr, as compiling needs
     kernel = triton.jit(fn)
     x = torch.randn(8, device=runtime.DEVICE)
     y = torch.empty_like(x)
