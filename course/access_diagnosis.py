@@ -3,11 +3,13 @@ access picture (course.access_picture).
 
 Each rule looks for the pattern one address bug leaves, and the first that finds one names
 it: rows started mid-row (a row offset that uses N, or another tensor's stride, instead of
-the row stride), every program on the same rows (no row offset), rows never written with
-fewer programs than rows (the grid), blocks that run past the end of their row (no mask, or
-none on a row's last block), rows past the end of the tensor (several rows per program
-without a row mask), accesses far from every tensor, then outputs partly never written or
-written twice. `outside_lines` lists what reached outside a tensor, by program and offset.
+the row stride), program p on row k·p (a row offset that steps over k rows: a 3-D tensor's
+stride(0)), every program on the same rows (no row offset), rows never written with fewer
+programs than rows (the grid), the weight loaded with a row offset, blocks that run past
+the end of their row or of the weight (no mask, or none on a row's last block), rows past
+the end of the tensor (several rows per program without a row mask), accesses far from
+every tensor, then outputs partly never written or written twice. `outside_lines` lists
+what reached outside a tensor, by program and offset.
 """
 
 from __future__ import annotations
@@ -126,6 +128,39 @@ def _stride_rule(tensors, rows_by_lane) -> str | None:
     return None
 
 
+def _skipped_rows_rule(tensors, rows_by_lane) -> str | None:
+    """One row per program, program p on row k·p (k > 1): the row offset steps over k rows at
+    a time, as the stride(0) of a 3-D tensor does."""
+    for t in matrices(tensors):
+        shape, kind = t.layout, own_kind(t)
+        starts: dict[int, set[int]] = {}
+        for lane in rows_by_lane[t.name]:
+            if lane.kind == kind and lane.reach >= 0:
+                starts.setdefault(lane.program, set()).add(
+                    lane.home[0] * shape.row_stride + lane.home[1])
+        if len(starts) < 2 or any(len(s) != 1 for s in starts.values()):
+            continue
+        start = {p: next(iter(s)) for p, s in starts.items()}
+        last = max(start)
+        step = start[last] // last
+        rows = step // shape.row_stride
+        if rows < 2 or step % shape.row_stride or any(s != p * step for p, s in start.items()):
+            continue
+        text = (f"program p {_VERB[kind]} row {rows}·p of {t.name} (program {last} row "
+                f"{last * rows}; {t.name} has {shape.rows} rows): the row offset steps {rows} "
+                f"rows ({step} elements) at a time, but {t.name}'s rows are "
+                f"{shape.row_stride} elements apart, so rows are skipped and the later "
+                "programs run past the last row")
+        leading = [d for d, stride in enumerate(t.strides[:-2]) if stride == step]
+        if leading:
+            return (f"{text}. {step} is {t.name}.stride({leading[0]}) of the {t.dims}-D "
+                    f"{t.name}, which steps over {rows} rows at once: launch on the 2-D view "
+                    f"of its rows ({t.name}2 = validation.as_rows({t.name})) and pass "
+                    f"{t.name}2.stride(0)")
+        return f"{text}. Offset by row * {t.name}'s row stride"
+    return None
+
+
 def _same_rows_rule(tensors) -> str | None:
     """Every program touched the same rows: the row offset is missing."""
     for t in matrices(tensors):
@@ -162,6 +197,36 @@ def _grid_rule(tensors, launches: list[Launch]) -> str | None:
     return None
 
 
+def _vectors(tensors) -> list[TensorAccesses]:
+    """The inputs of one row of N entries, N the row length of the tensors of rows: the
+    weight (and a bias), shared by every row."""
+    lengths = {t.layout.cols for t in matrices(tensors)}
+    return [t for t in _laid_out(tensors) if t.dims == 1 and t.role == "input"
+            and t.layout.cols in lengths and t.layout.cols > 1]
+
+
+def _shared_row_rule(tensors, rows_by_lane) -> str | None:
+    """The weight loaded from p · step in program p: a row offset on a vector every row
+    shares."""
+    for t in _vectors(tensors):
+        starts: dict[int, int] = {}
+        for lane in rows_by_lane[t.name]:
+            if lane.kind == LOAD and lane.length > 1:
+                starts.setdefault(lane.program, lane.home[0] * t.layout.cols + lane.home[1])
+        last = max(starts, default=0)
+        if last == 0 or len(starts) < 2 or starts[last] == 0:
+            continue
+        step = starts[last] // last
+        if all(s == p * step for p, s in starts.items()):
+            pointer = next(a.pointer for a in t.accesses if a.kind == LOAD)
+            n = t.layout.cols
+            return (f"program {last} loads {t.name} from element {starts[last]} = {last} × "
+                    f"{step}, past its end ({n} entries): {t.name} is one row of {n} that "
+                    f"every row shares, and its load takes no row offset. Load it at "
+                    f"{pointer} + cols, with the row's mask, the same in every program")
+    return None
+
+
 def _overrun_rule(tensors, rows_by_lane) -> str | None:
     """Lanes that leave their row: past its end, into the next row or past the tensor."""
     overruns = [lane for t in _laid_out(tensors) for lane in rows_by_lane[t.name]
@@ -173,6 +238,15 @@ def _overrun_rule(tensors, rows_by_lane) -> str | None:
     n = tensors[overruns[0].tensor].layout.cols
     reach = max(lane.reach for lane in overruns)
     length = overruns[0].length
+    vectors = {t.name for t in _vectors(tensors)}
+    if all(lane.tensor in vectors for lane in overruns):
+        # The rows are masked and only the weight's load is not.
+        name = overruns[0].tensor
+        return (f"each program's load of {name} runs {reach + 1 - n} entries past its end: "
+                f"a block of {length} lanes over {name}'s {n} entries, with no mask on that "
+                f"load. {name} is read with the same cols as a row, so its load takes the "
+                f"row's mask: tl.load({overruns[0].pointer} + cols, mask=cols < n_cols, "
+                "other=0.0)")
     if all(lane.home[1] > 0 for lane in overruns):
         # Only blocks that start inside a row run past its end: the row's last block.
         return (f"the last block of each row runs past its end in {where}: blocks of "
@@ -308,8 +382,9 @@ def problem(tensors: dict[str, TensorAccesses], launches: list[Launch],
             return f"your function raised {error} before launching a kernel: nothing to draw"
         return "your function launched no Triton kernel: nothing to draw"
     rows_by_lane = {t.name: _lane_rows(t) for t in _laid_out(tensors)}
-    found = (_stride_rule(tensors, rows_by_lane) or _same_rows_rule(tensors)
-             or _grid_rule(tensors, launches) or _overrun_rule(tensors, rows_by_lane)
+    found = (_stride_rule(tensors, rows_by_lane) or _skipped_rows_rule(tensors, rows_by_lane)
+             or _same_rows_rule(tensors) or _grid_rule(tensors, launches)
+             or _shared_row_rule(tensors, rows_by_lane) or _overrun_rule(tensors, rows_by_lane)
              or _past_rows_rule(tensors, rows_by_lane) or _far_rule(tensors))
     failed = next((launch for launch in launches if launch.error), None)
     if failed is not None:
@@ -323,12 +398,13 @@ def problem(tensors: dict[str, TensorAccesses], launches: list[Launch],
     return found or _coverage_rule(tensors) or _outside_rule(tensors)
 
 
-def outside_lines(tensors: dict[str, TensorAccesses]) -> list[str]:
+def outside_lines(tensors: dict[str, TensorAccesses],
+                  kinds: Sequence[str] = (LOAD, STORE)) -> list[str]:
     """What reached outside a tensor's elements: one line per tensor, kind and place, with
     the programs that did it."""
     programs_of: dict[str, list[int]] = {}
     for t in tensors.values():
-        for kind in (LOAD, STORE):
+        for kind in kinds:
             refused = t.refused(kind)
             for program, offsets in sorted(t.beyond(kind).items()):
                 skipped = len(refused.get(program, set()) & offsets)

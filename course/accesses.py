@@ -167,9 +167,13 @@ class TensorAccesses:
     name: str
     role: str                    # "input" or "output" ("" for FAR)
     layout: Layout | None
-    dims: int = 0                # the caller's tensor's number of dimensions
+    strides: tuple[int, ...] = ()  # the caller's tensor's strides, in elements
     near: str = ""               # for FAR: the tensor its offsets are counted from
     accesses: list[Placed] = field(default_factory=list)
+
+    @property
+    def dims(self) -> int:
+        return len(self.strides)
 
     def _of(self, kind: str) -> list[Placed]:
         return [a for a in self.accesses if a.kind == kind]
@@ -243,7 +247,7 @@ class Recording:
                    if isinstance(t, torch.Tensor)]
         callers += [(name, t, "output") for name, t in outputs.items()
                     if isinstance(t, torch.Tensor)]
-        placed = {name: TensorAccesses(name, role, layout(t), t.dim())
+        placed = {name: TensorAccesses(name, role, layout(t), t.stride())
                   for name, t, role in callers}
         for number, launch in enumerate(self.launches):
             for access in launch.accesses:
@@ -256,7 +260,7 @@ class Recording:
                     name = FAR
                 if name not in placed:
                     placed[name] = TensorAccesses(name, "input", layout(operand.tensor),
-                                                  operand.tensor.dim())
+                                                  operand.tensor.stride())
                 if access.kind == STORE and name == operand.name:
                     placed[name].role = "output"
                 placed[name].accesses.append(Placed(number, access.program, access.kind,

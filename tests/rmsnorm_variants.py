@@ -144,6 +144,55 @@ def wrong_row_offset(x, weight, eps=1e-6):
 
 
 @triton.jit
+def _weight_row_offset_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                              BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    # Copied from x's load: the weight gets the row offset too.
+    w = tl.load(w_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def weight_row_offset(x, weight, eps=1e-6):
+    """Row 0 right; every later row reads its weight past the weight's end, up to M row
+    strides past it: not in BROKEN, which the GPU suite runs, where a read that far may fault
+    and end the process's use of the GPU (tests/test_accesses.py checks it)."""
+    return _launch(_weight_row_offset_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
+def _weight_without_mask_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                                BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols).to(tl.float32)  # reads past the weight's end when BLOCK_N > N
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def weight_without_mask(x, weight, eps=1e-6):
+    """Every value right: the masked store leaves out the lanes past the weight's end. Only
+    Triton's interpreter can record the load (tests/test_accesses.py): not in BROKEN."""
+    return _launch(_weight_without_mask_kernel, x, weight, eps).view(x.shape)
+
+
+def stride_of_the_3d_input(x, weight, eps=1e-6):
+    """x.stride(0) of a 3-D x as the row stride: it steps over a whole block of rows."""
+    y = torch.empty_like(_rows(x))
+    n = x.shape[-1]
+    rmsnorm_kernel[(y.shape[0],)](x, weight, y, x.stride(0), y.stride(0), n, eps,
+                                  BLOCK_N=triton.next_power_of_2(n))
+    return y.view(x.shape)
+
+
+@triton.jit
 def _low_precision_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                           BLOCK_N: tl.constexpr):
     row = tl.program_id(0)

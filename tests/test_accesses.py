@@ -143,6 +143,10 @@ def expected_ignores_row_stride(m, n, s):
     return _rows_of(m, lambda p: [p], n, n), _rows_of(m, lambda p: [p], n, n)  # stride N
 
 
+def expected_right_rows(m, n, s):
+    return _rows_of(m, lambda p: [p], n, s), _rows_of(m, lambda p: [p], n, n)
+
+
 def expected_last_block(m, n, s):
     lanes = triton.cdiv(n, COLUMN_BLOCK) * COLUMN_BLOCK
     return _rows_of(m, lambda p: [p], lanes, s), _rows_of(m, lambda p: [p], lanes, n)
@@ -170,6 +174,16 @@ BUGS = {
                                         expected_ignores_row_stride),
     "a last block past the end": (last_block_past_the_end, "the last block of each row runs "
                                   "past its end", expected_last_block),
+    "weight row offset": (variants.weight_row_offset, "its load takes no row offset",
+                          expected_right_rows),
+    "weight without a mask": (variants.weight_without_mask, "with no mask on that load",
+                              expected_right_rows),
+}
+
+# The weight's loads, for the bugs that are the weight's: offsets per program.
+WEIGHT_LOADS = {
+    "weight row offset": lambda m, n, s: _rows_of(m, lambda p: [p], n, s),
+    "weight without a mask": lambda m, n, s: {p: set(range(_block(n))) for p in range(m)},
 }
 
 
@@ -197,6 +211,8 @@ def test_a_failed_check_pictures_the_bug_and_records_what_the_kernel_did(bug):
     want_x, want_y = expected(m, n, s)
     assert lanes_on(x, accesses.LOAD) == want_x
     assert lanes_on(y, accesses.STORE) == want_y
+    if bug in WEIGHT_LOADS:
+        assert lanes_on(yours.tensors["weight"], accesses.LOAD) == WEIGHT_LOADS[bug](m, n, s)
     # A correct kernel on the same input: program p reads and writes row p, masked past N.
     cx, cy = correct.tensors["x"], correct.tensors["y"]
     assert (cx.layout, cy.layout) == (x.layout, y.layout)
@@ -205,6 +221,47 @@ def test_a_failed_check_pictures_the_bug_and_records_what_the_kernel_did(bug):
     assert cx.masked(accesses.LOAD) == {p: {p * s + j for j in range(n, _block(n))}
                                         for p in range(m) if _block(n) > n}
     assert not cx.beyond(accesses.LOAD) and not cy.beyond(accesses.STORE)
+
+
+def test_a_weight_loaded_with_a_row_offset_is_told_the_weight_is_one_shared_row():
+    with pytest.raises(AssertionError) as failure:
+        check_with_pictures(ROW_CASES, variants.weight_row_offset, seed=3)
+    message = str(failure.value)
+    assert "the weight is loaded with a row offset" in message, message
+    assert "one row of N entries that every row of x shares" in message, message
+    # not blamed on x's or y's row offset, which are right
+    assert "Row 0 is right" not in message and "x_ptr + row" not in message, message
+
+
+def test_a_weight_loaded_without_a_mask_fails_though_every_value_is_right():
+    # The lanes past the weight's end are left out of the masked store: only the recorded
+    # loads show them, on the case whose N (100) is not a power of two.
+    with pytest.raises(AssertionError) as failure:
+        check_with_pictures(ROW_CASES, variants.weight_without_mask, seed=3)
+    message = str(failure.value)
+    assert "Your kernel loads past the end of an input" in message, message
+    assert ("Seen on odd N (7x100, float32): programs 0–6 each read 28 element(s) past the "
+            "end of weight[100..127]") in message, message
+    assert "its load takes the same mask" in message, message
+    failing = [line for line in message.splitlines() if " FAIL " in line]
+    assert len(failing) == 1 and "odd N" in failing[0] and "input_read_outside" in failing[0]
+
+
+def test_a_3d_inputs_own_stride_is_pictured_as_skipped_rows_not_a_missing_row_mask():
+    three_d = replace(RMSNORM_FORWARD, cases=tuple(c for c in RMSNORM_FORWARD.cases
+                                                   if "nd" in c.tags))
+    with pytest.raises(AssertionError) as failure:
+        check_with_pictures(three_d, variants.stride_of_the_3d_input, seed=11)
+    yours, correct = failure.value.pictures
+    # 2 x 3 x 16: x.stride(0) is 48, three rows, so program p reads row 3p.
+    assert yours.caption.startswith("program p read row 3·p of x (program 5 row 15; x has 6 "
+                                    "rows): the row offset steps 3 rows (48 elements)"), \
+        yours.caption
+    assert "48 is x.stride(0) of the 3-D x" in yours.caption, yours.caption
+    assert "x2.stride(0)" in yours.caption and "row mask" not in yours.caption, yours.caption
+    assert lanes_on(yours.tensors["x"], accesses.LOAD) == {p: {48 * p + j for j in range(16)}
+                                                           for p in range(6)}
+    assert not correct.wrong
 
 
 def test_lanes_outside_every_tensor_are_listed_and_not_performed():

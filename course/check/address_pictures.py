@@ -2,6 +2,11 @@
 wrong row offset, a grid too small, ...): what the learner's kernel touched on a smaller
 run of the failing case, and what a correct kernel touches on the same input.
 
+One address bug leaves the values right: a load past the end of an input whose lanes the
+store then leaves out (the weight loaded without a mask). In Triton's interpreter the call
+of one case whose N is not a power of two is recorded, and a load outside an input fails
+that case (`input_read_outside`). On a GPU, and while grading, nothing can record it.
+
 The pictures are made only in Triton's interpreter, where `course.accesses` can record a
 launch, and never while grading: the grade needs the message, not the picture, and the
 learner's function runs in another process there. They cost one small extra call of the
@@ -12,13 +17,13 @@ before.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from course import runtime
 from course.check.cases import Case
-from course.check.diagnose import address_failure
+from course.check.diagnose import address_failure, advise
 from course.check.report import Report
-from course.check.runner import Exercise
+from course.check.runner import ADVICE, Exercise, Finding
 from course.check.suite import run_exercise
 
 import torch
@@ -33,7 +38,11 @@ def check_with_pictures(exercise: Exercise, fn: Callable, *, seed: int | None = 
     """As `suite.check_and_raise`; when the failure is about addresses, the raised
     AssertionError also carries `.pictures` (named in its message, and shown under it in
     a notebook)."""
-    report = run_exercise(exercise, fn, seed=seed)
+    reads = _Reads()
+    recorded = _recording_reads(exercise, reads) if _can_record() else exercise
+    report = run_exercise(recorded, fn, seed=seed)
+    if report.passed and reads.outside:
+        _fail_reads_outside(report, exercise, reads)
     if not report.passed:
         report.pictures = failure_pictures(exercise, fn, report)
         failure = AssertionError(report.message())
@@ -45,6 +54,49 @@ def check_with_pictures(exercise: Exercise, fn: Callable, *, seed: int | None = 
     if not quiet:
         report.show()
     return report
+
+
+def _can_record() -> bool:
+    return runtime.interpreted() and not runtime.grading()
+
+
+@dataclass
+class _Reads:
+    """The recorded call: its case, and what it loaded outside its inputs (one line each)."""
+
+    case: Case | None = None
+    outside: list[str] = field(default_factory=list)
+
+
+def _recording_reads(exercise: Exercise, reads: _Reads) -> Exercise:
+    """`exercise` whose call records its first run of a case with N not a power of two
+    (a block longer than the row) into `reads`."""
+    case = next((c for c in exercise.cases if c.n > 1 and c.n & (c.n - 1)), None)
+
+    def call(fn: Callable, views: dict, c: Case):
+        if c != case or reads.case is not None:
+            return exercise.call(fn, views, c)
+        from course import accesses
+        from course.access_diagnosis import outside_lines
+
+        reads.case = c
+        with accesses.record() as recording:
+            out = exercise.call(fn, views, c)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        placed = recording.place(views, dict(zip(exercise.output_names, outs, strict=False)))
+        inputs = {name: t for name, t in placed.items() if t.role == "input"}
+        reads.outside = outside_lines(inputs, kinds=(accesses.LOAD,))
+        return out
+
+    return exercise if case is None else replace(exercise, call=call)
+
+
+def _fail_reads_outside(report: Report, exercise: Exercise, reads: _Reads) -> None:
+    """Fail the recorded case of a passing `report`: it loaded outside its inputs."""
+    finding = Finding("input_read_outside", "; ".join(reads.outside))
+    report.results = [replace(r, findings=(*r.findings, finding))
+                      if r.case == reads.case else r for r in report.results]
+    report.advice = advise(report.results, exercise.suspects, {**ADVICE, **exercise.advice})
 
 
 def small_case(case: Case) -> Case:

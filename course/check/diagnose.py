@@ -36,6 +36,13 @@ _CALL_FINDINGS = {
     "output_margin_written": ("Your kernel writes outside the output tensor, past the end of a "
                               "row or of the tensor: mask the store (mask=cols < n_cols) and "
                               "check the row offset."),
+    "input_read_outside": (
+        "Your kernel loads past the end of an input. What it read there never reached your "
+        "output, so the values are right here, but on a GPU those lanes read memory that "
+        "belongs to other tensors or to no one (an illegal memory access, after which the GPU "
+        "is unusable until the notebook's kernel restarts). Mask every load: the weight (and "
+        "a bias) is read with the same cols as a row of x, so its load takes the same mask, "
+        "tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0)."),
     "cached": ("Called twice with different inputs of the same shape, your function returned "
                "the first call's result the second time. Compute every call afresh."),
     "cached_by_address": (
@@ -271,12 +278,13 @@ def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
                       "reference on the first example below.")
 
 
-def _suspect_advice(results: Sequence[CaseResult], suspects: Sequence[Suspect]
-                    ) -> tuple[list[str], set[str]]:
-    """Advice for the known wrong answers that explain the failures, and the outputs they
-    explain. A suspect counts when it matches at least half the cases where its output is
-    wrong (a stray case, such as N = 1, may fail differently)."""
-    advice, explained = [], set()
+def _explaining(results: Sequence[CaseResult], suspects: Sequence[Suspect]
+                ) -> list[tuple[Suspect, list[tuple[CaseResult, str]]]]:
+    """The known wrong answers that explain the failures, each with the cases it matched
+    (and their details). A suspect counts when it matches at least half the cases where its
+    output is wrong (a stray case, such as N = 1, may fail differently); the first that
+    counts explains its output."""
+    found, explained = [], set()
     for suspect in suspects:
         if suspect.output in explained:
             continue
@@ -287,6 +295,17 @@ def _suspect_advice(results: Sequence[CaseResult], suspects: Sequence[Suspect]
         hits = [(r, d) for r in wrong for n, d in r.hints if n == suspect.name]
         if not hits or 2 * len(hits) < len(wrong):
             continue
+        explained.add(suspect.output)
+        found.append((suspect, hits))
+    return found
+
+
+def _suspect_advice(results: Sequence[CaseResult], suspects: Sequence[Suspect]
+                    ) -> tuple[list[str], set[str]]:
+    """Advice for the known wrong answers that explain the failures, and the outputs they
+    explain."""
+    advice, explained = [], set()
+    for suspect, hits in _explaining(results, suspects):
         explained.add(suspect.output)
         first, detail = hits[0]
         mismatch = next(m for m in first.mismatches if m.name == suspect.output)
@@ -365,19 +384,25 @@ def advise(results: Sequence[CaseResult], suspects: Sequence[Suspect] = (),
 # accesses shows them (course.check.address_pictures).
 ADDRESS_RULES = frozenset({"all_poison", "tail", "last_rows", "strided", "nd_row_stride",
                            "row_offset", "wide", "mask", "edge"})
-ADDRESS_FINDINGS = frozenset({"input_written", "input_guard_written", "output_margin_written"})
+ADDRESS_FINDINGS = frozenset({"input_written", "input_guard_written", "output_margin_written",
+                              "input_read_outside"})
+ADDRESS_SUSPECTS = frozenset({"weight_row_offset"})
 
 
 def address_failure(results: Sequence[CaseResult], suspects: Sequence[Suspect] = ()
                     ) -> CaseResult | None:
     """The case to picture when the failures are diagnosed as a matter of addresses: the
-    example case of an address rule (the one `advise` shows), else the first case with an
-    address finding; None when no diagnosis is about addresses."""
-    _, explained = _suspect_advice(results, suspects)
-    remaining = _without(results, explained)
+    example case of an address rule (the one `advise` shows), else the first case an
+    address suspect matched, else the first case with an address finding; None when no
+    diagnosis is about addresses."""
+    explaining = _explaining(results, suspects)
+    remaining = _without(results, {suspect.output for suspect, _ in explaining})
     value = _value_advice(remaining)
     if value is not None and value[0] in ADDRESS_RULES:
         example = next(r for r in remaining if r.mismatches)
         return next(r for r in results if r.case == example.case)
+    for suspect, hits in explaining:
+        if suspect.name in ADDRESS_SUSPECTS:
+            return hits[0][0]
     return next((r for r in results if not r.passed
                  and any(f.kind in ADDRESS_FINDINGS for f in r.findings)), None)

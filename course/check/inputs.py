@@ -16,6 +16,11 @@ import torch
 GUARD_VALUE = 100.0
 
 
+def guard_margin(n: int) -> int:
+    """Guard elements before and after an input whose rows are `n` long (by default)."""
+    return max(256, 2 * n)
+
+
 @dataclass
 class GuardedInput:
     buffer: torch.Tensor   # flat storage, margins included
@@ -67,7 +72,7 @@ def guarded(values: torch.Tensor, *, row_padding: int = 0, margin: int | None = 
     rows = values.numel() // max(n, 1)
     row_stride = n + row_padding
     if margin is None:
-        margin = max(256, 2 * n)
+        margin = guard_margin(n)
     buffer = torch.full((2 * margin + rows * row_stride,), GUARD_VALUE,
                         dtype=values.dtype, device=values.device)
     strides = []

@@ -4,7 +4,7 @@ The learner writes `rmsnorm(x, weight, eps=1e-6) -> y`: y = x / sqrt(mean(x^2) +
 over the last dimension of an input of any shape, y in x's dtype. A wrong output is also
 compared with the answers of common mistakes (SUSPECTS: no weight, a sum for the mean, eps
 outside the square root, a statistic over the wrong dimension, a division by the padded
-block), so that the message names the bug.
+block, a weight loaded with a row offset), so that the message names the bug.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import replace
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, CallSpec, check_bandwidth
 from course.check.cases import Case, row_shape_cases
+from course.check.compare import compare
+from course.check.inputs import GUARD_VALUE, guard_margin
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise, Suspect, Tensors
@@ -112,6 +114,28 @@ def _divided_by_block(t: Tensors, case: Case) -> torch.Tensor | None:
     return _wrong_rmsnorm(t, case, _squares(t).sum(dim=-1, keepdim=True) / block)
 
 
+def _weight_row_offset(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is what a weight loaded at w_ptr + row * stride + cols gives: row r
+    times the memory r * stride entries past the weight's start. Past its end that is the
+    checker's guard value, as far as the margin goes; the rows that read beyond it read
+    memory nobody knows, and are left out."""
+    n = case.n
+    x = t["x"].to(torch.float64).reshape(-1, n)
+    normalised = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + case.eps)
+    guard = torch.full((guard_margin(n),), GUARD_VALUE, dtype=torch.float64, device=x.device)
+    memory = torch.cat([t["weight"].to(torch.float64), guard])
+    y = got.reshape(-1, n)
+    for stride in dict.fromkeys((n + case.row_padding, n)):  # x's row stride, or N
+        rows = [r for r in range(x.shape[0]) if r * stride + n <= memory.numel()]
+        if len(rows) < 2:
+            continue
+        want = torch.stack([normalised[r] * memory[r * stride:r * stride + n] for r in rows])
+        if compare("y", y[rows], want, got.dtype) is None:
+            return (f"row 1 of y is x's normalised row 1 times {GUARD_VALUE:g}, the value "
+                    "the checker keeps past the end of the weight")
+    return None
+
+
 SUSPECTS = (
     Suspect("weight_not_applied", "y",
             "y lacks the weight: RMSNorm's output is x * rstd * weight, one weight per column. "
@@ -135,6 +159,12 @@ SUSPECTS = (
             "One mean of squares for the whole tensor: the mean is taken over every element "
             "(a .mean() without dim?), so all rows share one rstd. Each row needs its own, over "
             "the last dimension: .mean(dim=-1, keepdim=True).", expected=_mean_over_everything),
+    Suspect("weight_row_offset", "y",
+            "y's first row is right, but each later row is scaled by memory past the end of "
+            "the weight: the weight is loaded with a row offset (w_ptr + row * stride + cols). "
+            "The weight is one row of N entries that every row of x shares: load it at "
+            "w_ptr + cols, with the row's mask, the same in every program.",
+            matches=_weight_row_offset),
     Suspect("divided_by_block", "y",
             "The sum of squares is divided by BLOCK_N, the padded block size, instead of N: "
             "rows whose length is a power of two pass, the others come out sqrt(BLOCK_N / N) "
