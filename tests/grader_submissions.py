@@ -312,8 +312,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
     return _results[key]
 '''
 
-# For the GPU run: correct, but the two-pass kernel of chapter 03 (x read twice, in blocks
-# of 128 with one warp), so it misses the fused exercise's bandwidth target.
+# For the GPU run: correct, but a two-pass kernel (x read twice, in blocks of 128 with one
+# warp). The bandwidth check counts its loads and refuses the second read before timing.
 CH04_TWO_PASS_SLOW = inspect.getsource(rmsnorm_variants.two_pass_kernel.fn).replace(
     "two_pass_kernel", "rmsnorm_kernel") + '''
 
@@ -325,6 +325,59 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
                          num_warps=1)
     return y.view(x.shape)
 '''
+
+# For the GPU run: chapter 03's answer, its two-pass kernel as the source notebook has it
+# (blocks of 1024, 4 warps), handed in as chapter 04's. Right and one launch, so it keeps the
+# correctness points; on an H200 its second read came from L2 fast enough to pass the speed
+# target (86.7 % of copy), so only the count of its loads refuses it.
+CH04_CH03_ANSWER = solutions(ROOT, "ch03_two_pass")["ex03_two_pass_code"] + '''
+
+rmsnorm_kernel = rmsnorm_two_pass_kernel  # the name later cells of chapter 04 launch
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return rmsnorm_two_pass(x, weight, eps)
+'''
+# What the bandwidth cell says of both (course.check.bandwidth.second_reads).
+READS_TWICE = "reads each row of `x` twice"
+
+# For the GPU run: x read once, but y written four times (three copies into scratch memory),
+# on a side stream the call never waits for: events recorded on the current stream would
+# time an idle GPU. What the verifier times is its own replay of the call's GPU work,
+# whatever stream it was launched on, so the four writes are timed and the cell is lost.
+CH04_SIDE_STREAM = """
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, scratch_ptr, stride_x_row, stride_y_row, n_rows,
+                   n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (x * rstd * w).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * stride_y_row + cols, y, mask=mask)
+    for copy in range(3):
+        tl.store(scratch_ptr + (copy * n_rows + row) * n_cols + cols, y, mask=mask)
+
+
+_side = []
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    if not _side:
+        _side.append(torch.cuda.Stream())
+    x2 = validation.as_rows(x)
+    M, N = x2.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    scratch = torch.empty((3, M, N), dtype=x.dtype, device=x.device)
+    block_n = triton.next_power_of_2(N)
+    _side[0].wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(_side[0]):
+        rmsnorm_kernel[(M,)](x2, weight, y, scratch, x2.stride(0), y.stride(0), M, N, eps,
+                             BLOCK_N=block_n, num_warps=warps_for(block_n))
+    return y.view(x.shape)
+"""
 
 # Every program reads row 0 (x's row offset left out): row 0 comes out right, the rest wrong.
 CH04_ROW_OFFSET = _ch04_with(("x_ptr + row * stride_x_row + cols", "x_ptr + cols"))

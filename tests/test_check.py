@@ -215,8 +215,14 @@ def test_gpu_bandwidth_is_the_kernels_time_not_the_python_around_its_launch():
 
 
 @pytest.mark.gpu
-def test_gpu_bandwidth_check_fails_a_slow_kernel_with_numbers():
+def test_gpu_bandwidth_check_fails_a_kernel_below_its_target_with_numbers():
     with pytest.raises(AssertionError, match="% of copy bandwidth"):
+        check.rmsnorm_forward_bandwidth(variants.correct, target=1.05, retries=1)
+
+
+@pytest.mark.gpu
+def test_gpu_bandwidth_check_refuses_a_two_pass_kernel_for_its_second_read():
+    with pytest.raises(AssertionError, match="reads each row of `x` twice"):
         check.rmsnorm_forward_bandwidth(variants.two_pass_slow, target=0.75, retries=2)
 
 

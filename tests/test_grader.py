@@ -36,10 +36,13 @@ nbgrader_api = pytest.importorskip("nbgrader.api", reason="the grader tests need
 
 from grader_submissions import (  # noqa: E402  (after the skips above)
     CH04_BANDWIDTH,
+    CH04_CH03_ANSWER,
     CH04_ILLEGAL_ADDRESS,
+    CH04_SIDE_STREAM,
     CH04_SUBMISSIONS,
     CH04_TWO_PASS_SLOW,
     GPU_ONLY_CELLS,
+    READS_TWICE,
     ROOT,
     SHORT_LIMIT_SUBMISSIONS,
     Submission,
@@ -581,9 +584,12 @@ def collected_course(tmp_path, chapters, submissions):
 @pytest.mark.slow
 def test_on_a_gpu_bandwidth_is_graded_and_crashes_are_contained(tmp_path, capsys):
     """A correct submission of every chapter earns every point, bandwidth included; a slow
-    but correct kernel (two passes) loses the fused exercise's bandwidth points only; an
-    illegal address loses its chapter (the CUDA context is gone for the rest of that
-    notebook) and nothing else."""
+    but correct kernel (two passes) loses the fused exercise's bandwidth points only, for
+    its second read of x, and so does chapter 03's own answer (fast enough on an H200 to
+    pass the target); a kernel that writes y four times on a side stream the call never
+    waits for loses them too (the verifier times its replay of the call's work); an illegal
+    address loses its chapter (the CUDA context is gone for the rest of that notebook) and
+    nothing else."""
     import torch
 
     chapters = exercise_chapters()
@@ -591,7 +597,11 @@ def test_on_a_gpu_bandwidth_is_graded_and_crashes_are_contained(tmp_path, capsys
     other = next(ch for ch in chapters if ch != "ch04_fused")
     submissions = [Submission("correct", ch) for ch in chapters] + [
         Submission("slow_two_pass", "ch04_fused", "correct, but reads x twice",
-                   {"ex04_fused_code": CH04_TWO_PASS_SLOW}, (CH04_BANDWIDTH,),
+                   {"ex04_fused_code": CH04_TWO_PASS_SLOW}, (CH04_BANDWIDTH,), READS_TWICE),
+        Submission("ch03_answer", "ch04_fused", "chapter 03's two-pass answer",
+                   {"ex04_fused_code": CH04_CH03_ANSWER}, (CH04_BANDWIDTH,), READS_TWICE),
+        Submission("side_stream", "ch04_fused", "writes y four times, on a side stream",
+                   {"ex04_fused_code": CH04_SIDE_STREAM}, (CH04_BANDWIDTH,),
                    "is below the target"),
         Submission("illegal_address", "ch04_fused", "stores 2**40 elements past y",
                    {"ex04_fused_code": CH04_ILLEGAL_ADDRESS}, all_ch04),

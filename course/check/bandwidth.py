@@ -81,12 +81,16 @@ class CallSpec:
     extra_atol: Callable[..., Sequence[float | torch.Tensor | None]] | None = None
     max_launches: int = 1
     arg_names: tuple[str, ...] = ()
+    read_once: str | None = None  # an argument no element of which may be loaded twice
+    read_once_advice: str = ""     # what to do about it, for the message
 
     def __post_init__(self) -> None:
         if len(self.dtypes) != len(self.names):
             raise ValueError(f"{len(self.names)} output names but {len(self.dtypes)} dtypes")
         if self.max_launches < 1:
             raise ValueError(f"max_launches must be at least 1, got {self.max_launches}")
+        if self.read_once is not None and self.read_once not in self.arg_names:
+            raise ValueError(f"read_once names {self.read_once!r}, not one of arg_names")
 
     def expected(self, args: Sequence[Any]) -> tuple[tuple[torch.Tensor, ...],
                                                      tuple[float | torch.Tensor | None, ...]]:
@@ -157,9 +161,14 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
     with new values and the function called on them again: a result cached by the inputs'
     addresses is refused at the timing shape too.
 
+    With `spec.read_once`, "before" also counts how many times the call's kernels load
+    each element of that argument (`refuse_second_reads`), on the call's own trace.
+
     Return what the timing then times: `fn`, or for a function that runs in the learner's
     process (course.verify), the replay of this very call's GPU work, traced "before"
     (`timed_here` says why), so that the call checked here is the call timed."""
+    from course.verify import replay
+
     if when not in _WHEN:
         raise ValueError(f"when must be 'before' or 'after', not {when!r}")
     args = tuple(args)
@@ -168,11 +177,14 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
     # Not tracking what each launch changed: at the timing shape that copies every argument
     # before each launch, and nothing here reads it.
     traced = getattr(fn, "traced", None) if when == "before" else None
-    with sandbox.watch(track_changes=False) as record:
-        if traced is None:
-            got = fn(*args)
+    counted = when == "before" and spec.read_once is not None
+    tracer, keys = replay.tracer_for(args) if counted and traced is None else (None, [])
+    with sandbox.watch(track_changes=False, tracer=tracer) as record:
+        if traced is not None:
+            got, call = traced(*args)
         else:
-            got, make_replay = traced(*args)
+            got = fn(*args)
+            call = replay.traced_call(tracer, keys, got) if tracer is not None else None
     runtime.synchronize()
     where, verdict = _WHEN[when]
     broken_rules = [f.message for f in rule_findings(record, max_launches=spec.max_launches)]
@@ -188,7 +200,52 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
                              f"{verdict}\n" + "\n".join(wrong))
     if refill is not None:
         _check_refilled_call(label, fn, args, spec, refill, got)
-    return fn if traced is None else _replayed(label, make_replay)
+    if counted:
+        refuse_second_reads(label, call, args, spec)
+    return fn if traced is None else _replayed(label, call.replay)
+
+
+def refuse_second_reads(label: str, call: Any, args: Sequence[Any], spec: CallSpec) -> None:
+    """Raise AssertionError when the kernels of a traced call (a replay.TracedCall) load any
+    element of the argument `spec.read_once` more than once, or when their loads cannot be
+    counted. They are counted on the kernels rebuilt from their source with a counter on
+    every load, the call's work replayed on `args` (course.verify.load_count). For a
+    function in the learner's process (course.verify) that happens here, in the verifier,
+    on a GPU: the kernels are compiled there, never run as Python."""
+    from course.verify.load_count import load_counts
+    from course.verify.replay import NotReplayable
+
+    name = spec.read_once
+    index = spec.arg_names.index(name)
+    try:
+        counts = load_counts(call, args, index)
+    except NotReplayable as why:
+        raise AssertionError(
+            f"{label}: this exercise asks for one read of `{name}`, and the grader counts "
+            "the reads by running your kernels again with a counter on every load; it cannot "
+            f"count yours: {why}. {spec.read_once_advice}") from None
+    message = second_reads(counts, name)
+    if message is not None:
+        raise AssertionError(
+            f"{label}: {message} (counted over every load your kernels made in one call, "
+            f"with `{name}` of shape {tuple(args[index].shape)}). {spec.read_once_advice}")
+
+
+def second_reads(counts: torch.Tensor, name: str) -> str | None:
+    """What `counts` (loads of each element of `name`) say of elements loaded more than
+    once, in words; None when none was."""
+    again = counts > 1
+    if not bool(again.any()):
+        return None
+    most = int(counts.max())
+    times = "twice" if most == 2 else f"{most} times"
+    if bool((counts == most).all()):
+        return (f"your kernel reads each row of `{name}` {times}: every element of `{name}` "
+                f"was loaded {times}")
+    rows = again.reshape(-1, counts.shape[-1]).any(dim=-1).nonzero().flatten().tolist()
+    return (f"your kernel reads part of `{name}` more than once: {int(again.sum())} of its "
+            f"{counts.numel()} elements were loaded up to {times}, in {len(rows)} of its "
+            f"rows (the first: row {rows[0]})")
 
 
 def _check_refilled_call(label: str, fn: Callable[..., Any], args: tuple, spec: CallSpec,
@@ -383,22 +440,42 @@ def resolve_on_cpu(on_cpu: str) -> str:
 @learner_facing
 def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], Sequence[Any]],
                     nbytes: int, *, spec: CallSpec, target: float, retries: int = 3,
-                    reps: int = 50, on_cpu: str = "fail", advice: str = ""
+                    reps: int = 50, on_cpu: str = "fail", advice: str = "",
+                    small_args: Callable[[], Sequence[Any]] | None = None
                     ) -> BandwidthResult | None:
     """Time `fn(*make_args())` on rotating inputs; pass when some attempt reaches `target`
     (a fraction of copy bandwidth). Retries absorb a noisy neighbour or clock ramp. Every
     call is held to `spec` (see `timed_bandwidth_check`).
 
     Without a GPU: on_cpu="skip" prints why and returns None, on_cpu="fail" raises NeedsGPU.
+    Before that, with `spec.read_once` and `small_args`, the loads are counted where they
+    can be (`count_without_gpu`).
     """
     on_cpu = resolve_on_cpu(on_cpu)
     if not runtime.on_gpu():
+        if spec.read_once is not None and small_args is not None:
+            count_without_gpu(label, fn, tuple(small_args()), spec)
         if on_cpu == "skip":
             print(needs_gpu_message(label) + " Skipped.")
             return None
         raise NeedsGPU(needs_gpu_message(label))
     return timed_bandwidth_check(label, fn, make_args, nbytes, spec, target=target,
                                  retries=retries, reps=reps, advice=advice)
+
+
+def count_without_gpu(label: str, fn: Callable[..., Any], args: tuple, spec: CallSpec) -> None:
+    """In Triton's interpreter, call `fn(*args)` once and, if its output is right (a wrong
+    one is the correctness checks' to explain), refuse it when its kernels load an element
+    of `spec.read_once` twice (`refuse_second_reads`). Only for a function of this process:
+    the interpreter runs a kernel's body as Python, which the verifier never runs, so a
+    function of the learner's process (course.verify) is counted on a GPU only."""
+    from course.verify.replay import trace_call
+
+    if getattr(fn, "traced", None) is not None:
+        return
+    got, call = trace_call(fn, args)
+    if not spec.problems(got, *spec.expected(args)):
+        refuse_second_reads(label, call, args, spec)
 
 
 def timed_bandwidth_check(label: str, fn: Callable[..., Any],

@@ -27,13 +27,13 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from course import gpu_lock, runtime
 from course.check import guards, sandbox
 from course.verify import gpu_lane, protocol, strays
-from course.verify.replay import NotReplayable, Replay
+from course.verify.replay import NotReplayable, Replay, TracedCall
 
 import torch
 
@@ -551,18 +551,18 @@ class RemoteFunction:
     def __call__(self, *args: object, **kwargs: object) -> object:
         return self.learner.ask({"op": "call", "name": self.name}, args, kwargs)[1]
 
-    def traced(self, *args: object) -> tuple[object, Callable[[], Replay]]:
-        """Call it as above, its GPU work traced too: what it returned, and a maker of the
-        Replay of that very call (which raises NotReplayable where there is none). The
-        Replay is compiled here from the kernels' source, to be timed in this process
-        (course.verify.replay): called with new arguments of the same layout, it does that
-        work again. The changes each launch makes are not tracked: at the timing shape that
-        copies every argument before each launch."""
+    def traced(self, *args: object) -> tuple[object, TracedCall]:
+        """Call it as above, its GPU work traced too: what it returned, and the trace of
+        that very call, whose Replay (`TracedCall.replay`, which raises NotReplayable where
+        there is none) is compiled here from the kernels' source, to be timed in this
+        process (course.verify.replay): called with new arguments of the same layout, it
+        does that work again. The changes each launch makes are not tracked: at the timing
+        shape that copies every argument before each launch."""
         reply, out = self.learner.ask({"op": "call", "name": self.name, "trace": True,
                                        "track_changes": False}, args)
         keys = [protocol.key_of(a).text() if isinstance(a, torch.Tensor) else None
                 for a in args]
-        return out, lambda: Replay(reply["trace"], keys)
+        return out, TracedCall(reply["trace"], keys)
 
     def repeated(self, args: tuple, kwargs: dict, again: tuple) -> object:
         """Call it on `args` and `kwargs` with its GPU work traced, then have that work, and
@@ -575,7 +575,7 @@ class RemoteFunction:
 
     def replayed(self, args: tuple) -> Replay:
         """The Replay of one traced call on `args` (`traced`)."""
-        return self.traced(*args)[1]()
+        return self.traced(*args)[1].replay()
 
     def __repr__(self) -> str:
         return f"<the learner's {self.name}, in its own process>"

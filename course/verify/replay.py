@@ -19,6 +19,8 @@ repeat) is refused with the reason.
 Replaying runs the kernels' source through Triton's compiler only: on a GPU, a kernel body
 is compiled, never executed as Python. In Triton's interpreter a body runs as Python, so the
 verifier replays only on a GPU (the tests replay in the interpreter, on their own code).
+The same trace, its kernels rewritten to count their loads, says how many times the call
+reads each element of an input (course.verify.load_count).
 """
 
 from __future__ import annotations
@@ -169,6 +171,15 @@ def _argument(field: dict):
     return _argument(field["constexpr"]) if "constexpr" in field else _rebuilt_value(field)
 
 
+def refuse_shipped_copy(bundle: dict) -> None:
+    """Raise NotReplayable when a kernel's source is that of a kernel the course ships."""
+    copy = kernel_records.shipped_fingerprints().get(
+        kernel_records.fingerprint(bundle["source"]) or "")
+    if copy is not None:
+        raise NotReplayable(f"kernel {bundle['name']} is a copy of `{copy}`, a kernel the "
+                            "course ships")
+
+
 def rebuild_kernels(bundles: dict[str, dict]) -> dict[str, object]:
     """Each bundle compiled afresh here with triton.jit: name -> kernel."""
     import importlib
@@ -181,11 +192,7 @@ def rebuild_kernels(bundles: dict[str, dict]) -> dict[str, object]:
         if name in built:
             return built[name]
         bundle = bundles[name]
-        copy = kernel_records.shipped_fingerprints().get(
-            kernel_records.fingerprint(bundle["source"]) or "")
-        if copy is not None:  # a trace that names a reference kernel is refused here too
-            raise NotReplayable(f"kernel {bundle['name']} is a copy of `{copy}`, a kernel "
-                                "the course ships")
+        refuse_shipped_copy(bundle)  # a trace that names a reference kernel is refused here too
         # Triton's interpreter looks for triton.language among a kernel's globals.
         namespace: dict = {"__name__": f"course_replay_{abs(hash(name))}",
                            "_triton_language": importlib.import_module("triton.language")}
@@ -379,6 +386,49 @@ class Replay:
         raise NotReplayable("the traced call returned an object the verifier cannot rebuild")
 
 
+@dataclass
+class TracedCall:
+    """One call's GPU work as traced (`Tracer.finish`), and the storage key each of its
+    positional arguments travelled under (None for one that is not a tensor). `launched`:
+    the kernels it launched, by name, where it was traced in this process."""
+
+    trace: dict
+    keys: list[str | None]
+    launched: dict[str, object] = field(default_factory=dict, repr=False)
+
+    def replay(self, kernels: dict[str, object] | None = None, *, poison: bool = False
+               ) -> Replay:
+        return Replay(self.trace, self.keys, kernels, poison=poison)
+
+
+def trace_call(fn, args: tuple, kwargs: dict | None = None) -> tuple[object, TracedCall]:
+    """Call `fn(*args, **kwargs)` here, watched (course.check.sandbox), with its GPU work
+    traced: what it returned, and the trace. Raise NotReplayable for a tensor passed by
+    keyword (a replay takes tensors by position)."""
+    from course.check import sandbox
+
+    kwargs = kwargs or {}
+    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        raise NotReplayable("a tensor passed by keyword")
+    tracer, keys = tracer_for(args)
+    with sandbox.watch(track_changes=False, tracer=tracer):
+        out = fn(*args, **kwargs)
+    return out, traced_call(tracer, keys, out)
+
+
+def tracer_for(args: tuple) -> tuple[Tracer, list[str | None]]:
+    """A Tracer for a call on positional `args`, and the key of each (its position; None
+    for an argument that is not a tensor)."""
+    keys = [str(i) if isinstance(a, torch.Tensor) else None for i, a in enumerate(args)]
+    return Tracer({_storage_ptr(a): k for a, k in zip(args, keys, strict=True)
+                   if k is not None}), keys
+
+
+def traced_call(tracer: Tracer, keys: list[str | None], out: object) -> TracedCall:
+    """What `tracer` saw of a call that returned `out`."""
+    return TracedCall(tracer.finish(out), keys, tracer.launched_kernels)
+
+
 def repeated(fn, args: tuple, kwargs: dict, again: tuple) -> object:
     """Call `fn(*args, **kwargs)` here with its GPU work traced, then repeat that work, and
     none of the Python around it, on `again`: new positional arguments of the same layout.
@@ -388,20 +438,11 @@ def repeated(fn, args: tuple, kwargs: dict, again: tuple) -> object:
     kernel only copied is not there in the repeat. It runs where the call ran (the learner's
     process, under course.verify): in Triton's interpreter a kernel's body is Python, which
     the verifier must not run. Raise NotReplayable where the work cannot be repeated."""
-    from course.check import sandbox
-
-    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        raise NotReplayable("a tensor passed by keyword")
-    keys = [str(i) if isinstance(a, torch.Tensor) else None for i, a in enumerate(args)]
-    tracer = Tracer({_storage_ptr(a): k for a, k in zip(args, keys, strict=True)
-                     if k is not None})
-    with sandbox.watch(track_changes=False, tracer=tracer):
-        out = fn(*args, **kwargs)
+    _, call = trace_call(fn, args, kwargs)
     # The very kernels the call launched, where each is Triton's own kind (already compiled
     # for these shapes on a GPU); any other kind of object, rebuilt from its source.
-    kernels = tracer.launched_kernels
-    plain = all(type(k) in _triton_kernel_types() for k in kernels.values())
-    return Replay(tracer.finish(out), keys, kernels if plain else None, poison=True)(*again)
+    plain = all(type(k) in _triton_kernel_types() for k in call.launched.values())
+    return call.replay(call.launched if plain else None, poison=True)(*again)
 
 
 def autograd_step(function_class: type, eps: float):

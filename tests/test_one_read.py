@@ -1,0 +1,271 @@
+"""Chapter 04 asks for one read of x. Chapter 03's two-pass kernel, one launch and right,
+reads each row twice; on an H200 its second read came from L2 fast enough to pass the
+bandwidth target, so the bandwidth check counts loads (course.verify.load_count): the
+traced call's kernels rebuilt from source with a counter on every load, and replayed.
+
+Here the kernels are the two chapters' own answers, as the source notebooks hold them. In
+a learner's process without a GPU the check counts them in Triton's interpreter; in grading
+the verifier counts them itself, on a GPU, on the trace of the call it times (the test of
+that path runs it in the interpreter, with these answers as the learner's).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import course  # noqa: F401  (the execution mode is chosen before any kernel is defined)
+from course import bench, check, hardware, runtime
+from course.check.bandwidth import timed_bandwidth_check
+from course.check.rmsnorm import forward_call_spec
+from course.hardware import NeedsGPU
+from course.verify.load_count import CannotCount, counting_kernels, load_counts
+from course.verify.replay import kernel_source, trace_call
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from grader_submissions import ROOT, solutions
+
+TWICE = "reads each row of `x` twice"
+
+# What the chapters' earlier cells define for their exercise cells.
+PREAMBLE = '''\
+import torch
+import triton
+import triton.language as tl
+
+from course import validation
+
+
+def warps_for(block_n: int) -> int:
+    return min(32, max(4, block_n // (32 * 16)))
+
+'''
+# Chapter 03's exercise cell (rmsnorm_two_pass) and chapter 04's (rmsnorm).
+ANSWERS = (PREAMBLE + solutions(ROOT, "ch03_two_pass")["ex03_two_pass_code"] + "\n\n"
+           + solutions(ROOT, "ch04_fused")["ex04_fused_code"])
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory):
+    """The two answers as a module of their own (Triton reads a kernel's source file)."""
+    path = tmp_path_factory.mktemp("answers") / "chapter_answers.py"
+    path.write_text(ANSWERS)
+    spec = importlib.util.spec_from_file_location("chapter_answers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.path = path
+    return module
+
+
+def _counts(fn, x: torch.Tensor) -> torch.Tensor:
+    args = (x, torch.rand(x.shape[-1], device=x.device) + 0.5)
+    return load_counts(trace_call(fn, args)[1], args, 0)
+
+
+def test_chapter_03s_answer_loads_every_element_of_x_twice_and_chapter_04s_once(answers):
+    # 2500 columns: three of chapter 03's blocks of 1024, the last one masked; and rows that
+    # are slices of longer ones (row stride 3000), whose gaps no kernel may load
+    x = torch.randn(3, 3000, device=runtime.DEVICE)[:, :2500]
+    assert torch.equal(_counts(answers.rmsnorm_two_pass, x),
+                       torch.full(x.shape, 2, dtype=torch.int32))
+    assert torch.equal(_counts(answers.rmsnorm, x), torch.ones(x.shape, dtype=torch.int32))
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
+def test_without_a_gpu_the_bandwidth_check_refuses_chapter_03s_answer_and_says_why(answers,
+                                                                                     capsys):
+    with pytest.raises(AssertionError) as refused:
+        check.rmsnorm_forward_bandwidth(answers.rmsnorm_two_pass)
+    message = str(refused.value)
+    assert TWICE in message and "every element of `x` was loaded twice" in message
+    assert "Chapter 04 asks for one read of x" in message
+    assert "chapter 03's two-pass kernel reads each row once" in message
+    # The honest answer gets the usual word: no bandwidth without a GPU.
+    assert check.rmsnorm_forward_bandwidth(answers.rmsnorm) is None
+    assert "needs a GPU" in capsys.readouterr().out
+    with pytest.raises(NeedsGPU):
+        check.rmsnorm_forward_bandwidth(answers.rmsnorm, on_cpu="fail")
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
+def test_without_a_gpu_a_wrong_kernel_is_left_to_the_correctness_checks(capsys):
+    import rmsnorm_variants
+
+    # Every program reads row 0: loaded once per row, but the bug is the row offset, which
+    # the correctness checks name; the bandwidth check says only that it needs a GPU.
+    assert check.rmsnorm_forward_bandwidth(rmsnorm_variants.wrong_row_offset) is None
+    assert "needs a GPU" in capsys.readouterr().out
+
+
+@triton.jit
+def _look_again(x_ptr, cols, mask):
+    return tl.atomic_add(x_ptr + cols, 0.0, mask=mask)  # adds nothing, returns what it read
+
+
+@triton.jit
+def _rereads_kernel(x_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(pointer=x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    first = tl.load(x_ptr + row * n_cols)  # one element again, a scalar load with no mask
+    again = _look_again(x_ptr + row * n_cols, cols, mask & (cols < 4))
+    tl.store(y_ptr + row * n_cols + cols, x + first + again * 0.0, mask=mask)
+
+
+def rereads(x, weight, eps=1e-6):
+    y = torch.empty_like(x)
+    _rereads_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK_N=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+def test_loads_by_keyword_scalar_loads_and_atomics_in_a_helper_are_all_counted():
+    counts = _counts(rereads, torch.randn(3, 10, device=runtime.DEVICE))
+    want = torch.ones(3, 10, dtype=torch.int32)
+    want[:, 0] += 1       # the scalar load
+    want[:, :4] += 1      # the atomic, in the helper kernel
+    assert torch.equal(counts, want)
+
+
+def test_a_kernel_that_reads_part_of_x_again_is_told_how_much_and_where():
+    from course.check.bandwidth import second_reads
+
+    counts = _counts(rereads, torch.randn(3, 10, device=runtime.DEVICE))
+    assert second_reads(counts, "x") == (
+        "your kernel reads part of `x` more than once: 12 of its 30 elements were loaded up "
+        "to 3 times, in 3 of its rows (the first: row 0)")
+    assert second_reads(torch.ones(3, 10), "x") is None
+
+
+@triton.jit
+def _block_pointer_kernel(x_ptr, n):
+    tl.load(tl.make_block_ptr(x_ptr, (n,), (1,), (0,), (16,), (0,)))
+
+
+@triton.jit
+def _named_load_kernel(x_ptr):
+    load = tl.load
+    load(x_ptr)
+
+
+@triton.jit
+def _getattr_kernel(x_ptr):
+    getattr(tl, "lo" + "ad")(x_ptr)
+
+
+@triton.jit
+def _module_dict_kernel(x_ptr):
+    tl.__dict__["load"](x_ptr)
+
+
+@pytest.mark.parametrize("kernel, how", [(_block_pointer_kernel, "a block pointer"),
+                                         (_named_load_kernel, "`tl.load` used other than"),
+                                         (_getattr_kernel, "introspection"),
+                                         (_module_dict_kernel, r"introspection \(`tl.__dict__`")])
+def test_reads_the_counter_cannot_follow_are_refused_saying_which(kernel, how):
+    bundles: dict[str, dict] = {}
+    kernel_source(kernel, bundles)
+    with pytest.raises(CannotCount, match=how):
+        counting_kernels(bundles, torch.zeros(1, dtype=torch.int32), 0, 1)
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    """A learner's process, as the autograder starts it, that ran both answers."""
+    from course.verify.proxy import Learner, LearnerProcess
+
+    where = tmp_path_factory.mktemp("learner")
+    process = LearnerProcess(cwd=where, env=dict(os.environ, COURSE_GRADING="1"),
+                             log_path=where / "learner.log")
+    process.start()
+    found = Learner(process)
+    found.run_cell(ANSWERS, "answers")
+    yield found
+    process.close()
+
+
+@pytest.fixture
+def fake_timer(monkeypatch):
+    """bench.measure runs the real rotation of calls and reports 90 % of a pretend copy
+    bandwidth: there is no GPU clock here."""
+    def measure(label, fn, make_args, nbytes, *, reps=100, warmup=10, hide_launch=False):
+        bench.time_rotating(fn, make_args, nbytes, warmup=2, reps=reps)
+        return bench.Measurement(label, nbytes / (0.9 * 2e12), nbytes, 2e12)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(hardware, "copy_bandwidth", lambda nbytes=None: 2e12)
+
+
+def test_the_verifier_counts_the_loads_of_the_call_it_times(learner, fake_timer, monkeypatch):
+    """The count runs in the verifier, on the trace of the watched call whose replay it
+    times: the learner's process is asked nothing more than without it."""
+    asked = []
+    request = learner.process.request
+    monkeypatch.setattr(learner.process, "request", lambda message: asked.append(
+        (message.get("op"), bool(message.get("trace")))) or request(message))
+
+    def make_args():
+        return (torch.randn(16, 2500, device=runtime.DEVICE),
+                torch.rand(2500, device=runtime.DEVICE) + 0.5)
+
+    def speed_check(name):
+        asked.clear()
+        return timed_bandwidth_check("rmsnorm 16x2500", learner.function(name), make_args,
+                                     10**6, forward_call_spec(torch.float32), target=0.75,
+                                     reps=4)
+
+    with pytest.raises(AssertionError, match=f"rmsnorm 16x2500: your kernel {TWICE}"):
+        speed_check("rmsnorm_two_pass")
+    # the watched call, traced, and the same tensors refilled; refused before timing
+    assert asked == [("call", True), ("call", False)]
+    assert speed_check("rmsnorm").passed
+    assert asked == [("call", True), ("call", False), ("call", False)]
+
+
+# Compiles both answers' counting kernels for an H100 (sm_90) without a GPU: what the
+# verifier compiles on one. COURSE_DEVICE=compile keeps kernels out of the interpreter.
+COMPILE = '''
+import importlib.util, os, re, sys
+os.environ["COURSE_DEVICE"] = "compile"
+import course, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from course.verify.load_count import counting_kernels
+from course.verify.replay import kernel_source
+
+spec = importlib.util.spec_from_file_location("chapter_answers", sys.argv[1])
+answers = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(answers)
+types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "stride_x_row": "i64",
+         "stride_y_row": "i64", "n_cols": "i32", "eps": "fp32", "BLOCK_N": "constexpr"}
+for kernel in (answers.rmsnorm_two_pass_kernel, answers.rmsnorm_kernel):
+    bundles = {}
+    name = kernel_source(kernel, bundles)
+    counted = counting_kernels(bundles, torch.zeros(1, dtype=torch.int32), 1 << 40, 1 << 30)
+    source = ASTSource(counted[name], signature=types, constexprs={"BLOCK_N": 1024})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    print(kernel.fn.__name__, len(re.findall(r"(?:red|atom)[.]global[.][.\\w]*add", ptx)))
+'''
+
+
+def test_the_counting_kernels_compile_for_a_gpu(answers):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE, str(answers.path)], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counters = dict(line.split() for line in done.stdout.splitlines())
+    # the counter's atomic adds (neither answer has atomics of its own)
+    assert int(counters["rmsnorm_two_pass_kernel"]) > 0 and int(counters["rmsnorm_kernel"]) > 0
+
+
+@pytest.mark.gpu
+def test_gpu_bandwidth_check_refuses_chapter_03s_answer_at_the_timing_shape(answers):
+    with pytest.raises(AssertionError, match=TWICE):
+        check.rmsnorm_forward_bandwidth(answers.rmsnorm_two_pass)
+    assert check.rmsnorm_forward_bandwidth(answers.rmsnorm).passed
+
