@@ -247,6 +247,11 @@ def _overrun_rule(tensors, rows_by_lane) -> str | None:
                 f"load. {name} is read with the same cols as a row, so its load takes the "
                 f"row's mask: tl.load({overruns[0].pointer} + cols, mask=cols < n_cols, "
                 "other=0.0)")
+    if reach == n and any(lane.home[1] + lane.length - 1 > n for lane in overruns):
+        # Blocks whose lanes go further than column n stop there: a mask that is one off.
+        return (f"blocks of {length} lanes over rows of {n} stop exactly 1 column past the "
+                f"end of the row in {where}: the mask lets column n_cols ({n}) through. "
+                "Use cols < n_cols, not cols <= n_cols, on every tl.load and tl.store")
     if all(lane.home[1] > 0 for lane in overruns):
         # Only blocks that start inside a row run past its end: the row's last block.
         return (f"the last block of each row runs past its end in {where}: blocks of "

@@ -17,7 +17,8 @@ import triton.language as tl
 @triton.jit
 def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r_row,
                        stride_y_row, stride_h_row, n_cols, eps, BLOCK_N: tl.constexpr,
-                       NORM_OF_X: tl.constexpr, STORE_SUM: tl.constexpr):
+                       NORM_OF_X: tl.constexpr, STORE_SUM: tl.constexpr,
+                       WEIGHTED: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -29,13 +30,14 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
         tl.store(h_ptr + row * stride_h_row + cols, h, mask=mask)
     v = x if NORM_OF_X else h.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y_row + cols, (v * rstd * w).to(y_ptr.dtype.element_ty),
-             mask=mask)
+    y = v * rstd
+    if WEIGHTED:  # the bug, when not: the weight is never applied
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True,
-            residual_stride=None):
+            residual_stride=None, weighted=True):
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -43,7 +45,8 @@ def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True
     stride_r = r2.stride(0) if residual_stride is None else residual_stride
     add_rmsnorm_kernel[(x2.shape[0],)](
         x2, r2, weight, y, h, x2.stride(0), stride_r, y.stride(0), h.stride(0), n, eps,
-        BLOCK_N=triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum)
+        BLOCK_N=triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum,
+        WEIGHTED=weighted)
     return y.view(x.shape), h.view(x.shape)
 
 
@@ -68,6 +71,20 @@ def residual_in_place(x, residual, weight, eps=1e-6):
 
 def norm_of_x(x, residual, weight, eps=1e-6):
     return _launch(x, residual, weight, eps, norm_of_x=True)
+
+
+def missing_eps(x, residual, weight, eps=1e-6):
+    # rstd = 1 / sqrt(mean(h^2)), eps left out: a sum of zeros computes 0 / 0.
+    return _launch(x, residual, weight, 0.0)
+
+
+def no_weight(x, residual, weight, eps=1e-6):
+    return _launch(x, residual, weight, eps, weighted=False)
+
+
+def returns_outputs_swapped(x, residual, weight, eps=1e-6):
+    y, residual_out = _launch(x, residual, weight, eps)
+    return residual_out, y
 
 
 def residual_with_x_stride(x, residual, weight, eps=1e-6):
@@ -104,4 +121,7 @@ BROKEN = {
     "norm_of_x": (norm_of_x, "RMSNorm of x alone"),
     "add_then_norm": (add_then_norm, "The point of the fusion is one launch"),
     "residual_with_x_stride": (residual_with_x_stride, "each tensor by its own row stride"),
+    "missing_eps": (missing_eps, "eps is missing from the square root"),
+    "no_weight": (no_weight, "y lacks the weight"),
+    "returns_outputs_swapped": (returns_outputs_swapped, "The two outputs are swapped"),
 }

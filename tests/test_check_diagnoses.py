@@ -5,12 +5,14 @@ passes every tolerance. Each kernel here is a mistake a learner really writes.""
 from __future__ import annotations
 
 import course  # noqa: F401  (the execution mode is chosen before any kernel is defined)
-from course import check, validation
+from course import check, runtime, validation
+from course.check import sandbox
 from course.check.cases import Case
-from course.check.compare import Mismatch
+from course.check.compare import Mismatch, compare
 from course.check.diagnose import advise
 from course.check.runner import CaseResult
 
+import add_rmsnorm_variants
 import pytest
 import rmsnorm_variants
 import torch
@@ -213,3 +215,52 @@ def test_a_3d_inputs_own_stride_gets_the_rows_views_stride_in_every_rmsnorm_chec
         advice = _failure(checker, rmsnorm_with_the_3d_stride).split("First wrong case")[0]
         assert "Only the 3-D input fails" in advice, advice
         assert "x2.stride(0)" in advice and "validation.as_rows(x)" in advice, advice
+
+
+# --------------------------------------------------------------------------- NaN
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_nan_the_code_computed_is_not_taken_for_memory_never_written(dtype):
+    with sandbox.watch():
+        y = torch.empty(4, 8, dtype=dtype, device=runtime.DEVICE)  # the checker's NaN
+    zeros = torch.zeros(8, device=runtime.DEVICE)
+    y[0] = 1.0
+    y[1] = (zeros / zeros).to(dtype)   # 0 / 0 in float32, rounded: a missing eps
+    y[2] = zeros.to(dtype) / zeros.to(dtype)  # 0 / 0 in the output's own dtype
+    mismatch = compare("y", y, torch.ones(4, 8, dtype=torch.float64), dtype)
+    assert mismatch.n_poison == 8 and mismatch.unwritten_rows == (3,)
+    assert mismatch.n_computed_nan == 16
+    text = mismatch.describe()
+    assert "8 of them are NaN: memory your kernel never wrote" in text, text
+    assert "16 of them are NaN that your code computed" in text, text
+
+
+def test_a_kernel_without_eps_is_told_so_not_that_it_left_memory_unwritten():
+    for checker, fn in ((check.rmsnorm_two_pass, two_pass_variants.missing_eps),
+                        (check.add_rmsnorm, add_rmsnorm_variants.missing_eps)):
+        message = _failure(checker, fn)
+        assert message.split("\n\n")[1].startswith("Rows of zeros come out NaN"), message
+        assert "eps is missing from the square root" in message, message
+        assert "never wrote" not in message and "Compare your formula" not in message, message
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def test_a_mask_one_column_too_long_is_named_in_the_picture():
+    message = _failure(check.rmsnorm_two_pass, two_pass_variants.mask_one_past_the_end)
+    picture = message.split("What the kernels touched")[1]
+    assert "stop exactly 1 column past the end" in picture, picture
+    assert "the mask lets column n_cols (20) through" in picture, picture
+    assert "The mask is missing" not in picture, picture
+
+
+# --------------------------------------------------------------------------- output order
+
+
+def test_outputs_returned_in_the_wrong_order_are_called_swapped():
+    message = _failure(check.add_rmsnorm, add_rmsnorm_variants.returns_outputs_swapped)
+    assert message.split("\n\n")[1].startswith("The two outputs are swapped"), message
+    assert "Return (y, residual_out)" in message, message
+    assert "Compare your formula" not in message, message

@@ -162,6 +162,7 @@ def test_roofline_functions_pass_on_fixed_and_random_odd_shapes():
     (2, lambda f, b: b / f, ["arithmetic_intensity is off", "inverted"]),
     (3, lambda b, bw: b / bw, ["time_floor_us is off", "returned seconds"]),
     (3, lambda b, bw: b / bw * 2.5e6, ["time_floor_us is off", "2.5 times the right one"]),
+    (3, lambda b, bw: b // bw * 1e6, ["time_floor_us is off", "integer division (//)", "use /"]),
 ])
 def test_each_wrong_roofline_function_is_named_with_its_mistake(position, wrong, phrases):
     fns = list(ROOFLINE)

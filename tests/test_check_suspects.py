@@ -84,6 +84,36 @@ def test_each_torch_mistake_is_named_by_its_suspect(name, fn):
     _fails_naming(TORCH_RMSNORM, fn, name)
 
 
+def without_eps(x, weight, eps=1e-6):
+    return _rmsnorm(x, weight, 0.0, mean_square=_row_mean)
+
+
+def test_a_missing_eps_is_named_not_blamed_on_a_kernel_that_never_wrote():
+    report = run_exercise(TORCH_RMSNORM, without_eps, seed=3)
+    message = report.message()
+    assert len(report.advice) == 1, message
+    assert report.advice[0].startswith("Rows of zeros come out NaN"), message
+    assert "eps is missing from the square root" in message, message
+    assert "never wrote" not in message, message
+
+
+def returns_float32(x, weight, eps=1e-6):
+    h = x.to(torch.float32)
+    return h * torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps) * weight.to(torch.float32)
+
+
+def hard_coded_eps(x, weight, eps=1e-6):
+    return _rmsnorm(x, weight, 1e-6, mean_square=_row_mean)
+
+
+@pytest.mark.parametrize("fn, phrase", [(returns_float32, "return y.to(x.dtype)"),
+                                        (hard_coded_eps, "use the eps argument")])
+def test_torch_exercise_advice_is_about_pytorch_not_a_kernel(fn, phrase):
+    message = run_exercise(TORCH_RMSNORM, fn, seed=3).message()
+    assert phrase in message, message
+    assert "kernel" not in message and "y_ptr" not in message, message
+
+
 def test_eps_outside_the_root_fails_only_where_eps_matters():
     report = run_exercise(TORCH_RMSNORM, eps_outside_sqrt, seed=3)
     failing = {r.case.name for r in report.results if not r.passed}

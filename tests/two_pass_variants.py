@@ -17,15 +17,16 @@ BLOCK_N = 1024  # several blocks per row for the long-row cases
 @triton.jit
 def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                     BLOCK_N: tl.constexpr, ACCUMULATE: tl.constexpr, LOOP: tl.constexpr,
-                    SUM_LOOP: tl.constexpr, MEAN_OVER_BLOCK: tl.constexpr):
+                    SUM_LOOP: tl.constexpr, MEAN_OVER_BLOCK: tl.constexpr,
+                    WEIGHTED: tl.constexpr, MASK_ONE_PAST: tl.constexpr):
     row = tl.program_id(0)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     end = n_cols if LOOP else BLOCK_N
     sum_end = end if SUM_LOOP else BLOCK_N
     for start in range(0, sum_end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_ptr + row * stride_x_row + cols, mask=cols < n_cols,
-                    other=0.0).to(tl.float32)
+        mask = cols <= n_cols if MASK_ONE_PAST else cols < n_cols  # the bug: <=
+        x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
         if ACCUMULATE:
             acc += x * x
         else:
@@ -36,22 +37,24 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
         rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
     for start in range(0, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
+        mask = cols <= n_cols if MASK_ONE_PAST else cols < n_cols
         x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
-                 mask=mask)
+        y = x * rstd
+        if WEIGHTED:  # the bug, when not: the weight is never applied
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x, weight, eps, *, accumulate=True, loop=True, sum_loop=True,
-            mean_over_block=False):
+            mean_over_block=False, weighted=True, mask_one_past=False):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
     n = x2.shape[1]
     block = min(BLOCK_N, triton.next_power_of_2(n))
     two_pass_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
                                     BLOCK_N=block, ACCUMULATE=accumulate, LOOP=loop,
-                                    SUM_LOOP=sum_loop, MEAN_OVER_BLOCK=mean_over_block)
+                                    SUM_LOOP=sum_loop, MEAN_OVER_BLOCK=mean_over_block,
+                                    WEIGHTED=weighted, MASK_ONE_PAST=mask_one_past)
     return y.view(x.shape)
 
 
@@ -78,8 +81,25 @@ def mean_over_block(x, weight, eps=1e-6):
     return _launch(x, weight, eps, mean_over_block=True)
 
 
+def missing_eps(x, weight, eps=1e-6):
+    # rstd = 1 / sqrt(mean(x^2)), eps left out: a row of zeros computes 0 / 0.
+    return _launch(x, weight, 0.0)
+
+
+def no_weight(x, weight, eps=1e-6):
+    return _launch(x, weight, eps, weighted=False)
+
+
+def mask_one_past_the_end(x, weight, eps=1e-6):
+    # mask = cols <= n_cols: every row reads (and writes) one column of the next.
+    return _launch(x, weight, eps, mask_one_past=True)
+
+
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "overwrites_accumulator": (overwrites_accumulator, "Only rows longer than one block fail"),
     "no_loop": (no_loop, "never written"),
+    "missing_eps": (missing_eps, "eps is missing from the square root"),
+    "no_weight": (no_weight, "y lacks the weight"),
+    "mask_one_past_the_end": (mask_one_past_the_end, "Use cols < n_cols, not cols <= n_cols"),
 }

@@ -12,7 +12,7 @@ the elements where the two answers round differently, y must side with the store
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, CallSpec, check_bandwidth
@@ -20,7 +20,7 @@ from course.check.cases import Case, row_shape_cases
 from course.check.compare import Mismatch
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
-from course.check.runner import Exercise, Inputs, Suspect, Tensors
+from course.check.runner import CaseResult, Exercise, Inputs, Suspect, Tensors
 from course.check.suite import check_and_raise
 
 import torch
@@ -142,6 +142,14 @@ def _normalises_unrounded_sum(t: Tensors, case: Case, got: torch.Tensor) -> str 
             f"{from_stored} times")
 
 
+def _norm_without_weight(t: Tensors, case: Case) -> torch.Tensor:
+    return _expected(dict(t, weight=torch.ones_like(t["weight"])), case)[0]
+
+
+def _residual_out_holds_y(results: Sequence[CaseResult]) -> bool:
+    return any(name == "residual_out_is_y" for r in results for name, _ in r.hints)
+
+
 class _AddRMSNormExercise(Exercise):
     """The exercise's comparison, plus the bit-level test on the STORED_SUM cases that no
     tolerance can make: y must be the norm of the sum as stored."""
@@ -155,6 +163,15 @@ class _AddRMSNormExercise(Exercise):
 
 
 SUSPECTS = (
+    Suspect("outputs_swapped", "y",
+            "The two outputs are swapped: y holds the sum x + residual and residual_out holds "
+            "the normalised output. Return (y, residual_out), in that order, each stored "
+            "through its own pointer.",
+            expected=lambda t, c: _expected(t, c)[1], across=_residual_out_holds_y),
+    Suspect("weight_not_applied", "y",
+            "y lacks the weight: y is h * rstd * weight, one weight per column. Load the "
+            "weight with the same column offsets and mask as x, and multiply by it before "
+            "converting y to its dtype.", expected=_norm_without_weight),
     Suspect("norm_of_x", "y",
             "y is the RMSNorm of x alone. Normalise the sum h = x + residual (the same h you "
             "store as residual_out): that is what the next layer needs.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course import runtime
+from course.check.sandbox import poison_mask
 
 import torch
 
@@ -41,13 +42,14 @@ class Mismatch:
     bad_rows: tuple[int, ...]
     bad_cols: tuple[int, ...]
     n_bad: int
-    n_poison: int            # NaN where the reference is finite: memory never written
+    n_poison: int            # the checker's NaN where the reference is finite: never written
     poison_cols: tuple[int, ...]
     max_abs_err: float
     examples: tuple[tuple[tuple[int, int], float, float], ...]  # ((row, col), expected, got)
     row_scale_err: float = 0.0   # worst |scale - 1| of a row fitted as got = scale * expected
     vector: bool = False         # the output is 1-D (dw, say): one row, described as such
     unwritten_rows: tuple[int, ...] = ()  # rows NaN from end to end: never written
+    n_computed_nan: int = 0      # NaN where the reference is finite, but not the poison
 
     @property
     def all_poison(self) -> bool:
@@ -92,6 +94,11 @@ class Mismatch:
         if self.n_poison:
             lines.append(f"{self.n_poison} of them are NaN: memory your kernel never wrote (the "
                          "checker fills fresh allocations with NaN)")
+        if self.n_computed_nan:
+            lines.append(f"{self.n_computed_nan} of them are NaN that your code computed (not "
+                         "the checker's NaN for memory never written): a 0 / 0 (a row of zeros "
+                         "divided by its zero norm when eps is missing), inf - inf, or "
+                         "arithmetic on a value read from memory nothing wrote")
         for (r, c), want, got in self.examples:
             index = f"{c}" if self.vector else f"{r}, {c}"
             lines.append(f"  {self.name}[{index}]: expected {want:.6g}, got {got:.6g}")
@@ -122,9 +129,11 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 
 
 def layout_problem(name: str, got: object, expected: torch.Tensor, dtype: torch.dtype,
-                   dtype_reason: str = DEFAULT_DTYPE_REASON) -> str | None:
+                   dtype_reason: str = DEFAULT_DTYPE_REASON,
+                   dtype_fix: str | None = None) -> str | None:
     """What is wrong with `got` before its values can be compared (not a tensor, a wrong
-    shape, dtype or device), with what to change; None when nothing is."""
+    shape, dtype or device), with what to change; None when nothing is. `dtype_fix` says
+    how to fix a wrong dtype where the kernel's store is not the place (plain PyTorch)."""
     if not isinstance(got, torch.Tensor):
         return f"{name} should be a torch.Tensor, got {type(got).__name__}"
     have, want = tuple(got.shape), tuple(expected.shape)
@@ -137,9 +146,10 @@ def layout_problem(name: str, got: object, expected: torch.Tensor, dtype: torch.
         return (f"{text}: {got.numel()} elements instead of {expected.numel()}. Allocate it "
                 "with the expected shape (torch.empty_like(x) for an output shaped like x)")
     if got.dtype != dtype:
-        return (f"{name} has dtype {got.dtype}, expected {dtype} ({dtype_reason}). Allocate it "
-                f"with dtype={dtype} and let the kernel convert when it stores "
-                "(.to(y_ptr.dtype.element_ty))")
+        if dtype_fix is None:
+            dtype_fix = (f"Allocate it with dtype={dtype} and let the kernel convert when it "
+                         "stores (.to(y_ptr.dtype.element_ty))")
+        return f"{name} has dtype {got.dtype}, expected {dtype} ({dtype_reason}). {dtype_fix}"
     if got.device != expected.device:
         return (f"{name} is on {got.device}, expected {expected.device}: allocate it on the "
                 "input's device (device=x.device)")
@@ -150,7 +160,8 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.d
             extra_atol: float | torch.Tensor | None = None,
             bf16_truncated: bool | None = None,
             row_scale_tolerance: float | None = None,
-            dtype_reason: str = DEFAULT_DTYPE_REASON) -> Mismatch | None:
+            dtype_reason: str = DEFAULT_DTYPE_REASON,
+            dtype_fix: str | None = None) -> Mismatch | None:
     """None when `got` matches the float64 `expected` within `dtype`'s tolerance.
 
     `extra_atol` (a number, or a tensor broadcastable to `expected`) widens the absolute
@@ -165,7 +176,7 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.d
     matter of tolerance. (The exercise runner asks `layout_problem` first, so that they
     fail one case instead of the whole check.)
     """
-    problem = layout_problem(name, got, expected, dtype, dtype_reason)
+    problem = layout_problem(name, got, expected, dtype, dtype_reason, dtype_fix)
     if problem is not None:
         raise AssertionError(problem)
     atol, rtol = TOLERANCES[dtype]
@@ -187,7 +198,9 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.d
             bf16_truncated = runtime.interpreted()
         return _row_scale_mismatch(name, have, want, dtype, bf16_truncated,
                                    row_scale_tolerance)
-    poison = torch.isnan(have) & ~torch.isnan(want)
+    # The poison is read on got's own bits: converting to float64 loses a NaN's payload.
+    nan = torch.isnan(have) & ~torch.isnan(want)
+    poison = nan & poison_mask(got.detach()).reshape(-1, n_cols)
     # Three examples, first, middle and last, without listing every bad index in Python
     # (millions of them when a whole large output is wrong).
     bad_idx = bad.nonzero()
@@ -209,6 +222,7 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, dtype: torch.d
         examples=tuple(examples),
         vector=expected.dim() == 1,
         unwritten_rows=tuple(poison.all(dim=1).nonzero().flatten().tolist()),
+        n_computed_nan=int((nan & ~poison).sum()),
     )
 
 

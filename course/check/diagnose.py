@@ -248,8 +248,19 @@ def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
         return "mask", (
             "Cases where N is a power of two pass, the others fail: the loads (and stores) "
             "past the end of the row are not masked. Use cols = tl.arange(0, BLOCK_N), "
-            "mask = cols < n_cols, tl.load(..., mask=mask, other=0.0) and "
-            "tl.store(..., mask=mask).")
+            "mask = cols < n_cols (not <=: column n_cols is already past the end), "
+            "tl.load(..., mask=mask, other=0.0) and tl.store(..., mask=mask).")
+    # Without eps, a row of zeros computes 0 / 0 and a larger eps changes nothing; a row of
+    # one small element (N = 1) may show it too.
+    zeros_computed_nan = any(m.n_computed_nan for r in _tagged(wrong, "zeros")
+                             for m in r.mismatches)
+    if (zeros_computed_nan and _tagged(wrong, "eps")
+            and all_wrong_have("zeros", "eps", "edge")):
+        return "eps_missing", (
+            "Rows of zeros come out NaN and the case with a larger eps fails: eps is missing "
+            "from the square root. Add the eps argument under the root, rstd = 1 / sqrt("
+            "mean(x^2) + eps) (for LayerNorm, 1 / sqrt(var + eps)): then a row of zeros gives "
+            "0 * rstd = 0 instead of 0 / 0.")
     if all_wrong_have("eps"):
         return "eps", ("Only the case with a non-default eps fails: use the eps argument you "
                        "are given (pass it to the kernel), not a constant.")

@@ -107,6 +107,13 @@ def _time_mistakes() -> tuple[_Mistake, ...]:
                  lambda b, bw, _: bw / b * 1e6),
         _Mistake("you treated bytes_per_s as GB/s: it is already in bytes per second",
                  lambda b, bw, _: b / (bw * 1e9) * 1e6),
+        # A kernel moves far fewer bytes than a GPU moves in a second: // gives 0 seconds.
+        _Mistake("you used integer division (//), which truncates the seconds to a whole "
+                 "number, here 0: use /, nbytes / bytes_per_s * 1e6",
+                 lambda b, bw, _: b // bw * 1e6),
+        _Mistake("you used integer division (//), which truncates the time to whole "
+                 "microseconds: use /, nbytes / bytes_per_s * 1e6",
+                 lambda b, bw, _: b * 1e6 // bw),
     )
 
 

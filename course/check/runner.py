@@ -66,6 +66,8 @@ class Exercise:
     # about one input ("input_written:dy") or a value pattern ("half", "mean", ...).
     advice: Mapping[str, str] = field(default_factory=dict)
     dtype_reasons: Mapping[str, str] = field(default_factory=dict)  # output name -> why
+    # How to fix an output's wrong dtype; None: in the kernel's store (see layout_problem).
+    dtype_fix: str | None = None
     outputs_from_triton: bool = True    # False: the interpreter's bf16 rounding is not theirs
     # Per output dtype, the row-scale tolerance where it differs from compare's default.
     row_scale_tolerances: Mapping[torch.dtype, float] = field(default_factory=dict)
@@ -88,7 +90,7 @@ class Exercise:
                        dtype: torch.dtype) -> str | None:
         """What keeps `got` from being compared (a wrong type, shape, dtype or device)."""
         return layout_problem(name, got, want, dtype,
-                              self.dtype_reasons.get(name, DEFAULT_DTYPE_REASON))
+                              self.dtype_reasons.get(name, DEFAULT_DTYPE_REASON), self.dtype_fix)
 
     def compare(self, name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype,
                 inputs: Tensors, case: Case) -> Mismatch | None:
@@ -96,7 +98,8 @@ class Exercise:
         kwargs = {"dtype_reason": self.dtype_reasons[name]} if name in self.dtype_reasons else {}
         return compare(name, got, want, dtype, extra_atol=extra,
                        bf16_truncated=runtime.interpreted() and self.outputs_from_triton,
-                       row_scale_tolerance=self.row_scale_tolerances.get(dtype), **kwargs)
+                       row_scale_tolerance=self.row_scale_tolerances.get(dtype),
+                       dtype_fix=self.dtype_fix, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,12 @@ While a call runs inside `watch()`:
   already final when it reached a kernel (computed with NumPy, in another thread, or with
   dispatch modes disabled, then handed to a kernel that leaves it alone);
 - every tensor the wrapper allocates is *poisoned*: filled with NaN and placed inside a
-  larger buffer whose margins are poisoned too. A kernel that never writes its output
-  returns NaN instead of whatever an earlier call left in recycled memory (PyTorch's
-  caching allocator hands freed blocks back with their contents intact), and a kernel
-  that writes past either end of its output lands in the margins, where we see it
-  instead of corrupting a neighbour or crashing the process;
+  larger buffer whose margins are poisoned too. The NaN has a payload of its own, which
+  tells it apart from a NaN that arithmetic produced (`poison_mask`). A kernel that never
+  writes its output returns NaN instead of whatever an earlier call left in recycled
+  memory (PyTorch's caching allocator hands freed blocks back with their contents
+  intact), and a kernel that writes past either end of its output lands in the margins,
+  where we see it instead of corrupting a neighbour or crashing the process;
 - Python warnings are collected instead of printed: under nbgrader, anything a graded
   cell writes to stderr costs the cell its points.
 
@@ -124,14 +125,28 @@ class PoisonedAllocation:
         """How many poisoned margin elements (before, after) something overwrote."""
         before = self.buffer[: self.margin]
         after = self.buffer[self.margin + self.span:]
-        return int((~_is_poison(before)).sum()), int((~_is_poison(after)).sum())
+        return int((~poison_mask(before)).sum()), int((~poison_mask(after)).sum())
 
 
 _INT_POISON = -0x5A5A5A5A
 
+# Floating-point poison: a quiet NaN with payload A5A5..., as the integers of its bits. The
+# NaN that arithmetic makes (0 / 0, inf - inf) has another pattern on every processor
+# (0x7FC00000 or 0xFFC00000 on a CPU, 0x7FFFFFFF on NVIDIA GPUs, and the conversions to
+# 16 bits keep them apart), so a NaN with this one in an output is memory never written.
+_NAN_POISON_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
+    torch.float64: (torch.int64, 0x7FFC_A5A5_A5A5_A5A5),
+    torch.float32: (torch.int32, 0x7FE5_A5A5),
+    torch.float16: (torch.int16, 0x7EA5),
+    torch.bfloat16: (torch.int16, 0x7FE5),
+}
+
 
 def _poison_(t: torch.Tensor) -> None:
-    if t.dtype.is_floating_point or t.dtype.is_complex:
+    if t.dtype in _NAN_POISON_BITS:
+        bits_dtype, bits = _NAN_POISON_BITS[t.dtype]
+        t.view(bits_dtype).fill_(bits)
+    elif t.dtype.is_floating_point or t.dtype.is_complex:
         t.fill_(float("nan"))
     elif t.dtype == torch.bool:
         t.fill_(True)
@@ -141,7 +156,12 @@ def _poison_(t: torch.Tensor) -> None:
         t.fill_(_INT_POISON if t.dtype in (torch.int32, torch.int64) else 0x5A)
 
 
-def _is_poison(t: torch.Tensor) -> torch.Tensor:
+def poison_mask(t: torch.Tensor) -> torch.Tensor:
+    """True where an element of `t` still holds the poison fresh allocations are filled
+    with; a NaN that arithmetic produced is not poison."""
+    if t.dtype in _NAN_POISON_BITS:
+        bits_dtype, bits = _NAN_POISON_BITS[t.dtype]
+        return t.view(bits_dtype) == bits
     if t.dtype.is_floating_point:
         return torch.isnan(t)
     probe = torch.empty(1, dtype=t.dtype, device=t.device)
@@ -158,7 +178,7 @@ def _span(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
 def is_poison(t: torch.Tensor) -> bool:
     """Whether every element of `t` still holds the poison fresh allocations are filled with
     (a tensor no kernel wrote)."""
-    return t.numel() > 0 and bool(_is_poison(t.detach()).all())
+    return t.numel() > 0 and bool(poison_mask(t.detach()).all())
 
 
 def _storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:

@@ -84,6 +84,8 @@ _ADVICE = {
         "precision somewhere. " + _UPCAST + " In bfloat16 (8 significant bits) a mean of "
         "squares or an rstd rounded to 16 bits is off by up to 0.4 %, which scales a whole "
         "row by a wrong factor; in float16 the square of a value above 256 overflows to inf."),
+    "eps": ("Only the case with a non-default eps fails: use the eps argument your function "
+            "is given, not a constant."),
     "extra_launches": (
         "This chapter's exercise is plain PyTorch: write the formula with torch operations; "
         "Triton kernels come from chapter 03 on."),
@@ -153,6 +155,7 @@ TORCH_RMSNORM = Exercise(
     advice=_ADVICE,
     dtype_reasons={"y": "the input's dtype: compute the statistics in float32, then convert "
                         "y back with .to(x.dtype)"},
+    dtype_fix="Convert the result before returning it: return y.to(x.dtype).",
     outputs_from_triton=False,
     # Rounding x * rstd to bfloat16, then multiplying by the weight, moves a row coherently
     # by up to 2^-9 (measured: 0.22 % at worst over 4099 rows); bfloat16 statistics are
