@@ -269,3 +269,73 @@ def test_gpu_bandwidth_check_refuses_chapter_03s_answer_at_the_timing_shape(answ
         check.rmsnorm_forward_bandwidth(answers.rmsnorm_two_pass)
     assert check.rmsnorm_forward_bandwidth(answers.rmsnorm).passed
 
+
+
+# ----------------------------------------------- chapters 05 and 06 ask for one read of x too
+
+@triton.jit
+def _add_rmsnorm_reads_twice_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, n_cols, eps,
+                                    BLOCK_N: tl.constexpr):
+    # Right, but x and the residual are loaded again for y instead of kept.
+    at = tl.program_id(0) * n_cols + tl.arange(0, BLOCK_N)
+    mask = tl.arange(0, BLOCK_N) < n_cols
+    h = (tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+         + tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32)).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + at, h, mask=mask)
+    h = h.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    again = (tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+             + tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32))
+    again = again.to(h_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + tl.arange(0, BLOCK_N), mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + at, (again * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rmsnorm_reads_twice(x, residual, weight, eps=1e-6):
+    y, h = torch.empty_like(x), torch.empty_like(x)
+    _add_rmsnorm_reads_twice_kernel[(x.shape[0],)](x, residual, weight, y, h, x.shape[1], eps,
+                                                   BLOCK_N=triton.next_power_of_2(x.shape[1]))
+    return y, h
+
+
+@triton.jit
+def _layernorm_reads_twice_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_cols, eps,
+                                  BLOCK_N: tl.constexpr):
+    # Right, but x is loaded again for y instead of kept.
+    cols = tl.arange(0, BLOCK_N)
+    at = tl.program_id(0) * n_cols + cols
+    mask = cols < n_cols
+    x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / n_cols
+    centred = tl.where(mask, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_cols + eps)
+    x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + at, ((x - mean) * rstd * w + b).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def layernorm_reads_twice(x, weight, bias, eps=1e-5):
+    y = torch.empty_like(x)
+    _layernorm_reads_twice_kernel[(x.shape[0],)](x, weight, bias, y, x.shape[1], eps,
+                                                 BLOCK_N=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
+@pytest.mark.parametrize("chapter", ["05", "06"])
+def test_without_a_gpu_chapters_05_and_06_refuse_a_second_read_of_x(chapter, capsys):
+    import add_rmsnorm_variants
+    import layernorm_variants
+
+    checker, twice, honest = {
+        "05": (check.add_rmsnorm_bandwidth, add_rmsnorm_reads_twice, add_rmsnorm_variants.correct),
+        "06": (check.layernorm_forward_bandwidth, layernorm_reads_twice,
+               layernorm_variants.correct),
+    }[chapter]
+    with pytest.raises(AssertionError) as refused:
+        checker(twice)
+    assert TWICE in str(refused.value)
+    assert f"Chapter {chapter} asks for one read of x" in str(refused.value)
+    assert checker(honest) is None
+    assert "needs a GPU" in capsys.readouterr().out

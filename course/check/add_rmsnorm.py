@@ -266,26 +266,35 @@ def add_rmsnorm_bandwidth(fn: Callable, *, target: float = 0.75,
                           shape: tuple[int, int] = (16384, 4096),
                           dtype: torch.dtype | None = None, retries: int = 3,
                           on_cpu: str = "skip") -> BandwidthResult | None:
-    """On a GPU: check both outputs at `shape`, then require `target` of the copy bandwidth
-    (ideal bytes: x, residual and the weight read once, y and residual_out written once)."""
+    """On a GPU: check both outputs at `shape`, require one load of each element of x (as
+    rmsnorm_forward_bandwidth does), then `target` of the copy bandwidth (ideal bytes: x,
+    residual and the weight read once, y and residual_out written once)."""
     if dtype is None:
         dtype = bf16 if runtime.supports_bf16() else f16
     m, n = shape
     label = f"add_rmsnorm {m}x{n} {str(dtype).replace('torch.', '')}"
 
-    def make_args():
-        return (torch.randn(shape, dtype=dtype, device=runtime.DEVICE),
-                torch.randn(shape, dtype=dtype, device=runtime.DEVICE),
+    def make_args(rows: int = m):
+        return (torch.randn((rows, n), dtype=dtype, device=runtime.DEVICE),
+                torch.randn((rows, n), dtype=dtype, device=runtime.DEVICE),
                 torch.rand(n, dtype=dtype, device=runtime.DEVICE) + 0.5)
 
+    # x stands for both inputs: a kernel that reads the residual again reads x again too.
     spec = CallSpec(ADD_RMSNORM.output_names,
                     lambda x, residual, w: reference.add_rmsnorm(x, residual, w, eps=1e-6),
                     (dtype, dtype), max_launches=ADD_RMSNORM.max_launches,
-                    arg_names=("x", "residual", "weight"))
+                    arg_names=("x", "residual", "weight"), read_once="x",
+                    read_once_advice=ONE_READ_ADVICE)
     nbytes = traffic.fused_add_rmsnorm(m, n, dtype).bytes
     return check_bandwidth(label, fn, make_args, nbytes, spec=spec, target=target,
-                           retries=retries,
+                           retries=retries, small_args=lambda: make_args(4),
                            on_cpu=on_cpu, advice="One launch reads x and the residual once "
                            "and writes y and residual_out once: keep the sum in registers "
                            "between the add and the norm, BLOCK_N = next_power_of_2(N), and "
                            "choose num_warps by block size.")
+
+
+ONE_READ_ADVICE = (
+    "Chapter 05 asks for one read of x and of the residual: add them once, keep the sum in "
+    "registers (BLOCK_N = triton.next_power_of_2(N)), and compute the sum of squares and y "
+    "from those values.")

@@ -226,24 +226,32 @@ def layernorm_forward_bandwidth(fn: Callable, *, target: float = 0.75,
                                 shape: tuple[int, int] = (16384, 4096),
                                 dtype: torch.dtype | None = None, retries: int = 3,
                                 on_cpu: str = "skip") -> BandwidthResult | None:
-    """On a GPU: check the output at `shape`, then require `target` of the copy bandwidth
-    (ideal bytes: x, the weight and the bias read once, y written once)."""
+    """On a GPU: check the output at `shape`, require one load of each element of x (as
+    rmsnorm_forward_bandwidth does), then `target` of the copy bandwidth (ideal bytes: x,
+    the weight and the bias read once, y written once)."""
     if dtype is None:
         dtype = bf16 if runtime.supports_bf16() else f16
     m, n = shape
     label = f"layernorm {m}x{n} {str(dtype).replace('torch.', '')}"
 
-    def make_args():
-        return (torch.randn(shape, dtype=dtype, device=runtime.DEVICE),
+    def make_args(rows: int = m):
+        return (torch.randn((rows, n), dtype=dtype, device=runtime.DEVICE),
                 torch.rand(n, dtype=dtype, device=runtime.DEVICE) + 0.5,
                 torch.rand(n, dtype=dtype, device=runtime.DEVICE) - 0.5)
 
     spec = CallSpec(("y",), lambda x, w, b: reference.layernorm(x, w, b, eps=EPS), (dtype,),
                     max_launches=LAYERNORM_FORWARD.max_launches,
-                    arg_names=("x", "weight", "bias"))
+                    arg_names=("x", "weight", "bias"), read_once="x",
+                    read_once_advice=ONE_READ_ADVICE)
     nbytes = traffic.layernorm(m, n, dtype, save_stats=False).bytes
     return check_bandwidth(label, fn, make_args, nbytes, spec=spec, target=target,
-                           retries=retries,
+                           retries=retries, small_args=lambda: make_args(4),
                            on_cpu=on_cpu, advice="A fused LayerNorm reads each row once: keep "
                            "the row in registers for both statistics and the output, "
                            "BLOCK_N = next_power_of_2(N), num_warps by block size.")
+
+
+ONE_READ_ADVICE = (
+    "Chapter 06 asks for one read of x: load the whole row once (BLOCK_N = "
+    "triton.next_power_of_2(N)) and compute the mean, the variance and y from those values, "
+    "kept in registers.")
