@@ -177,16 +177,11 @@ def test_reads_the_counter_cannot_follow_are_refused_saying_which(kernel, how):
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     """A learner's process, as the autograder starts it, that ran both answers."""
-    from course.verify.proxy import Learner, LearnerProcess
+    from test_verify import started_learner
 
-    where = tmp_path_factory.mktemp("learner")
-    process = LearnerProcess(cwd=where, env=dict(os.environ, COURSE_GRADING="1"),
-                             log_path=where / "learner.log")
-    process.start()
-    found = Learner(process)
-    found.run_cell(ANSWERS, "answers")
+    found = started_learner(tmp_path_factory.mktemp("learner"), ANSWERS)
     yield found
-    process.close()
+    found.process.close()
 
 
 @pytest.fixture
