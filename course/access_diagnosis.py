@@ -128,6 +128,15 @@ def _stride_rule(tensors, rows_by_lane) -> str | None:
     return None
 
 
+def _step_per_program(starts: dict[int, int]) -> int | None:
+    """The step, when two programs or more each start at program * step (step > 0)."""
+    if len(starts) < 2:
+        return None
+    last = max(starts)
+    step = starts[last] // last
+    return step if step and all(s == p * step for p, s in starts.items()) else None
+
+
 def _skipped_rows_rule(tensors, rows_by_lane) -> str | None:
     """One row per program, program p on row k·p (k > 1): the row offset steps over k rows at
     a time, as the stride(0) of a 3-D tensor does."""
@@ -141,11 +150,10 @@ def _skipped_rows_rule(tensors, rows_by_lane) -> str | None:
         if len(starts) < 2 or any(len(s) != 1 for s in starts.values()):
             continue
         start = {p: next(iter(s)) for p, s in starts.items()}
-        last = max(start)
-        step = start[last] // last
-        rows = step // shape.row_stride
-        if rows < 2 or step % shape.row_stride or any(s != p * step for p, s in start.items()):
+        step = _step_per_program(start)
+        if step is None or step % shape.row_stride or step // shape.row_stride < 2:
             continue
+        last, rows = max(start), step // shape.row_stride
         text = (f"program p {_VERB[kind]} row {rows}·p of {t.name} (program {last} row "
                 f"{last * rows}; {t.name} has {shape.rows} rows): the row offset steps {rows} "
                 f"rows ({step} elements) at a time, but {t.name}'s rows are "
@@ -213,11 +221,9 @@ def _shared_row_rule(tensors, rows_by_lane) -> str | None:
         for lane in rows_by_lane[t.name]:
             if lane.kind == LOAD and lane.length > 1:
                 starts.setdefault(lane.program, lane.home[0] * t.layout.cols + lane.home[1])
-        last = max(starts, default=0)
-        if last == 0 or len(starts) < 2 or starts[last] == 0:
-            continue
-        step = starts[last] // last
-        if all(s == p * step for p, s in starts.items()):
+        step = _step_per_program(starts)
+        if step is not None:
+            last = max(starts)
             pointer = next(a.pointer for a in t.accesses if a.kind == LOAD)
             n = t.layout.cols
             return (f"program {last} loads {t.name} from element {starts[last]} = {last} × "

@@ -256,14 +256,19 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
 _CH04_KERNEL = inspect.getsource(rmsnorm_variants.rmsnorm_kernel.fn)
 
 
-def _ch04_with(*edits: tuple[str, str]) -> str:
-    """The exercise cell with the correct kernel, each (old, new) edit applied (one bug),
-    and the wrapper."""
+def _ch04_kernel_with(*edits: tuple[str, str]) -> str:
+    """The correct kernel, each (old, new) edit applied."""
     kernel = _CH04_KERNEL
     for old, new in edits:
         assert old in kernel, f"the chapter 4 kernel has no {old!r}"
         kernel = kernel.replace(old, new)
-    return kernel + _CH04_WRAPPER
+    return kernel
+
+
+def _ch04_with(*edits: tuple[str, str]) -> str:
+    """The exercise cell with the correct kernel, each (old, new) edit applied (one bug),
+    and the wrapper."""
+    return _ch04_kernel_with(*edits) + _CH04_WRAPPER
 
 
 CH04_MISSING_MASK = _ch04_with(  # BLOCK_N columns even when N is less
@@ -345,21 +350,16 @@ READS_TWICE = "reads each row of `x` twice"
 # on a side stream the call never waits for: events recorded on the current stream would
 # time an idle GPU. What the verifier times is its own replay of the call's GPU work,
 # whatever stream it was launched on, so the four writes are timed and the cell is lost.
-CH04_SIDE_STREAM = """
-@triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, scratch_ptr, stride_x_row, stride_y_row, n_rows,
-                   n_cols, eps, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = (x * rstd * w).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + row * stride_y_row + cols, y, mask=mask)
-    for copy in range(3):
-        tl.store(scratch_ptr + (copy * n_rows + row) * n_cols + cols, y, mask=mask)
-
+CH04_SIDE_STREAM = _ch04_kernel_with(
+    ("y_ptr, stride_x_row, stride_y_row, n_cols,",
+     "y_ptr, scratch_ptr, stride_x_row, stride_y_row, n_rows,\n                   n_cols,"),
+    ("    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),"
+     "\n             mask=mask)\n",
+     "    y = (x * rstd * w).to(y_ptr.dtype.element_ty)\n"
+     "    tl.store(y_ptr + row * stride_y_row + cols, y, mask=mask)\n"
+     "    for copy in range(3):\n"
+     "        tl.store(scratch_ptr + (copy * n_rows + row) * n_cols + cols, y, mask=mask)\n"),
+) + """
 
 _side = []
 
