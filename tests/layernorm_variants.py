@@ -17,7 +17,8 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
                      BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, BIAS: tl.constexpr,
                      UNBIASED: tl.constexpr, CENTRE: tl.constexpr, MEAN_BY_BLOCK: tl.constexpr,
                      VAR_BY_BLOCK: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
-                     Y_CENTRED: tl.constexpr, VAR_CENTRED: tl.constexpr):
+                     Y_CENTRED: tl.constexpr, VAR_CENTRED: tl.constexpr,
+                     WEIGHT: tl.constexpr, PARAMS_ROW_OFFSET: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -38,26 +39,32 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
         if not Y_CENTRED:
             centred = x
     rstd = 1.0 / (tl.sqrt(var) + eps) if EPS_OUTSIDE else 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = centred * rstd * w
+    # A row offset on the weight and the bias: every row but the first reads past their end.
+    param = row * stride_x_row + cols if PARAMS_ROW_OFFSET else cols
+    w = tl.load(w_ptr + param, mask=mask, other=0.0).to(tl.float32)
+    y = centred * rstd * w if WEIGHT else centred * rstd
     if BIAS:
-        y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y += tl.load(b_ptr + param, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=False,
             centre=True, mean_by_block=False, var_by_block=False, eps_outside=False,
-            y_centred=True, var_centred=True):
+            y_centred=True, var_centred=True, weight_applied=True, params_row_offset=False,
+            swapped=False):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = x2.shape[1]
     block = triton.next_power_of_2(n)
+    if swapped:
+        weight, bias = bias, weight
     layernorm_kernel[(x2.shape[0],)](x2, weight, bias, y, x2.stride(0), y.stride(0), n, eps,
                                      BLOCK_N=block, ONE_PASS=one_pass, BIAS=bias_added,
                                      UNBIASED=unbiased, CENTRE=centre,
                                      MEAN_BY_BLOCK=mean_by_block, VAR_BY_BLOCK=var_by_block,
                                      EPS_OUTSIDE=eps_outside, Y_CENTRED=y_centred,
-                                     VAR_CENTRED=var_centred,
+                                     VAR_CENTRED=var_centred, WEIGHT=weight_applied,
+                                     PARAMS_ROW_OFFSET=params_row_offset,
                                      num_warps=min(16, max(4, block // 512)))
     return y.view(x.shape)
 
@@ -106,6 +113,18 @@ def centred_in_output_only(x, weight, bias, eps=1e-5):
     return _launch(x, weight, bias, eps, var_centred=False)
 
 
+def weight_not_applied(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, weight_applied=False)
+
+
+def weight_and_bias_swapped(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, swapped=True)
+
+
+def parameters_row_offset(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, params_row_offset=True)
+
+
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "one_pass": (one_pass, "catastrophic cancellation"),
@@ -118,4 +137,7 @@ BROKEN = {
     "eps_outside_sqrt": (eps_outside_sqrt, "eps is added outside the square root"),
     "centred_in_variance_only": (centred_in_variance_only, "subtracted in the variance but not"),
     "centred_in_output_only": (centred_in_output_only, "subtracted in y but not"),
+    "weight_not_applied": (weight_not_applied, "y lacks the weight"),
+    "weight_and_bias_swapped": (weight_and_bias_swapped, "weight and the bias are swapped"),
+    "parameters_row_offset": (parameters_row_offset, "loaded with a row offset"),
 }

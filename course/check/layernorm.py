@@ -16,6 +16,7 @@ from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, CallSpec, check_bandwidth
 from course.check.cases import Case, row_shape_cases
 from course.check.compare import compare
+from course.check.inputs import GUARD_VALUE, guard_margin
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import Exercise, Inputs, Suspect, Tensors
@@ -152,6 +153,48 @@ def _eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
     return _statistics_divided_by(t, case, case.n, case.n, eps_inside=False)
 
 
+def _normalised(t: Tensors, case: Case) -> torch.Tensor:
+    """(x - mean) * rstd in float64, rows flattened."""
+    x = t["x"].to(torch.float64).reshape(-1, case.n)
+    mean, rstd = reference.layernorm_stats(x, case.eps)
+    return (x - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
+
+
+def _swapped_parameters(t: Tensors, case: Case) -> torch.Tensor:
+    """y with the weight and the bias swapped: (x - mean) * rstd * bias + weight."""
+    y = (_normalised(t, case) * t["bias"].to(torch.float64).reshape(-1)
+         + t["weight"].to(torch.float64).reshape(-1))
+    return y.reshape(t["x"].shape)
+
+
+def _parameter_row_offset(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is what a weight (or bias, or both) loaded at ptr + row * stride +
+    cols gives: row r uses the memory r * stride entries past the vector's start, which past
+    its end is the checker's guard value, as far as the margin goes; rows that read beyond
+    it read memory nobody knows, and are left out (as rmsnorm's weight_row_offset)."""
+    n = case.n
+    normalised = _normalised(t, case)
+    guard = torch.full((guard_margin(n),), GUARD_VALUE, dtype=torch.float64,
+                       device=normalised.device)
+    vectors = {k: t[k].to(torch.float64).reshape(-1) for k in ("weight", "bias")}
+    memory = {k: torch.cat([v, guard]) for k, v in vectors.items()}
+    y = got.reshape(-1, n)
+    for stride in dict.fromkeys((n + case.row_padding, n)):  # x's row stride, or N
+        rows = [r for r in range(normalised.shape[0]) if r * stride + n <= guard.numel() + n]
+        if len(rows) < 2:
+            continue
+        shifted = {k: torch.stack([m[r * stride:r * stride + n] for r in rows])
+                   for k, m in memory.items()}
+        for offset in (("weight",), ("bias",), ("weight", "bias")):
+            w, b = (shifted[k] if k in offset else vectors[k] for k in ("weight", "bias"))
+            want = normalised[rows] * w + b
+            if compare("y", y[rows], want, got.dtype) is None:
+                which = " and the ".join(offset)
+                return (f"the {which} loaded with a row offset: row 1 of y uses the "
+                        f"{GUARD_VALUE:g}s the checker keeps past the end of the {which}")
+    return None
+
+
 SUSPECTS = (
     Suspect("divided_by_block", "y",
             "A statistic is divided by BLOCK_N, the padded block size, instead of N: rows "
@@ -170,6 +213,21 @@ SUSPECTS = (
             "so each of the BLOCK_N - N padding lanes adds mean^2 to the sum of squares. "
             "Mask the centred values: d = tl.where(mask, x - mean, 0.0), then sum d * d.",
             expected=_padding_in_variance),
+    Suspect("weight_row_offset", "y",
+            "y's first row is right, but each later row uses memory past the end of the "
+            "weight or the bias: it is loaded with a row offset (weight_ptr + row * stride + "
+            "cols). The weight and the bias are one row of N entries each, which every row "
+            "of x shares: load them at weight_ptr + cols and bias_ptr + cols, with the row's "
+            "mask, the same in every program.", matches=_parameter_row_offset),
+    Suspect("weight_not_applied", "y",
+            "y lacks the weight: y = (x - mean) * rstd * weight + bias. Load the weight with "
+            "the same column offsets and mask as x and multiply by it before adding the "
+            "bias.", expected=lambda t, c: reference.layernorm(
+                t["x"], torch.ones_like(t["weight"]), t["bias"], eps=c.eps)),
+    Suspect("weight_and_bias_swapped", "y",
+            "The weight and the bias are swapped: y is (x - mean) * rstd * bias + weight. "
+            "The kernel takes weight_ptr before bias_ptr: pass weight, then bias, in that "
+            "order, and multiply by the weight, add the bias.", expected=_swapped_parameters),
     Suspect("missing_bias", "y",
             "y lacks the bias: y = (x - mean) * rstd * weight + bias.",
             expected=lambda t, c: reference.layernorm(t["x"], t["weight"],
