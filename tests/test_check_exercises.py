@@ -185,6 +185,119 @@ def test_a_roofline_function_that_raises_is_reported_not_raised():
                                  time_floor_us, seed=0, quiet=True)
 
 
+
+def ridge_point(peak_flops, bytes_per_s):
+    return peak_flops / bytes_per_s
+
+
+def regime(intensity, peak_flops, bytes_per_s):
+    return "memory" if intensity < ridge_point(peak_flops, bytes_per_s) else "compute"
+
+
+def test_ridge_point_and_regime_pass_on_the_table_and_on_made_up_gpus():
+    report = check.ridge_point(ridge_point, regime, seed=4, quiet=True)
+    assert report.passed
+    labels = [r.case.label() for r in report.results]
+    assert "H100 SXM bf16 (989 TFLOP/s, 3350 GB/s)" in labels
+    assert "H100 SXM fp32 no-FMA (33.5 TFLOP/s, 3350 GB/s)" in labels
+    other = check.ridge_point(ridge_point, regime, seed=5, quiet=True)
+    assert [r.case.label() for r in other.results] != labels  # made-up GPUs change by seed
+    # What the chapter's table concludes with these two functions: the norm left of every
+    # no-FMA float32 ridge, the matmul right of every bfloat16 one.
+    from course import hardware
+
+    for spec in hardware.SPECS:
+        bw = spec.hbm_bytes_per_s
+        assert regime(traffic.fused_rmsnorm(4096, 8192, "fp32").intensity,
+                      spec.peak_flops(torch.float32) / 2, bw) == "memory"
+        if spec.bf16_tflops is not None:
+            assert regime(2 * 8192**3 / (3 * 8192**2 * 2), spec.peak_flops(torch.bfloat16),
+                          bw) == "compute"
+
+
+def _regime_on(ridge):
+    """A regime built on the given ridge function, as a learner's would be on theirs."""
+    return lambda i, p, b: "memory" if i < ridge(p, b) else "compute"
+
+
+@pytest.mark.parametrize("wrong_ridge, phrase", [
+    (lambda p, b: b / p, "your ratio is inverted: bytes_per_s / peak_flops is bytes per FLOP"),
+    (lambda p, b: (p / 1e12) / (b / 1e9), "you divided TFLOP/s by GB/s"),
+    (lambda p, b: p / (b * 1e9), "you treated bytes_per_s as GB/s"),
+    (lambda p, b: p / (b / 1e9), "you converted bytes_per_s to GB/s"),
+    (lambda p, b: p * 1e12 / b, "you treated peak_flops as TFLOP/s"),
+    (lambda p, b: p / 1e12 / b, "you converted peak_flops to TFLOP/s"),
+    (lambda p, b: p / 2 / b, "you halved the peak (an FMA counted as one FLOP?)"),
+    (lambda p, b: 2 * p / b, "you doubled the peak (an FMA counted as two FLOPs?)"),
+    (lambda p, b: p // b, "you used integer division (//)"),
+    (lambda p, b: 3 * p / b, "every answer is 3 times the right one"),
+], ids=["inverted", "tflops_over_gbps", "bytes_as_gbps", "bytes_to_gbps", "flops_as_tflops",
+        "flops_to_tflops", "halved", "doubled", "floor_division", "factor_3"])
+def test_each_wrong_ridge_point_is_named_with_its_mistake(wrong_ridge, phrase):
+    with pytest.raises(AssertionError) as failure:  # a regime that uses the right ridge
+        check.ridge_point(wrong_ridge, regime, seed=1, quiet=True)
+    message = str(failure.value)
+    assert f"ridge_point is off: {phrase}" in message, message
+    assert "regime is off" not in message, message
+    with pytest.raises(AssertionError) as failure:  # a regime built on the wrong ridge
+        check.ridge_point(wrong_ridge, _regime_on(wrong_ridge), seed=1, quiet=True)
+    message = str(failure.value)
+    assert f"ridge_point is off: {phrase}" in message, message
+    if "integer division" not in phrase:  # a floored ridge still decides most sides right
+        assert "regime is off: its answers follow your ridge_point, which is off" in message
+
+
+@pytest.mark.parametrize("wrong_regime, phrase", [
+    (lambda i, p, b: "compute" if i < p / b else "memory", "you have the sides swapped"),
+    (lambda i, p, b: "memory", "it answers 'memory' for every kernel"),
+    (lambda i, p, b: "compute", "it answers 'compute' for every kernel, also for a copy"),
+    (lambda i, p, b: "memory" if i < b / p else "compute",
+     "you compared the intensity with bytes_per_s / peak_flops"),
+    (lambda i, p, b: "memory" if i < p / 2 / b else "compute",
+     "you compared the intensity with half the ridge"),
+    (lambda i, p, b: "memory" if i < 2 * p / b else "compute",
+     "you compared the intensity with twice the ridge"),
+    (lambda i, p, b: i < p / b, "it returned True (bool): return the string 'memory' or"),
+    (lambda i, p, b: "memory-bound" if i < p / b else "compute-bound",
+     "it returned 'memory-bound': return exactly 'memory' or 'compute'"),
+    (lambda i, p, b: "memory" if i < 295 else "compute",  # the H100's bf16 ridge, hard-coded
+     "it answered 'memory': the kernel is right of the ridge, so compute-bound"),
+], ids=["swapped", "always_memory", "always_compute", "bytes_per_flop", "half_ridge",
+        "twice_ridge", "bool", "memory_bound", "fixed_ridge"])
+def test_each_wrong_regime_is_named_with_its_mistake(wrong_regime, phrase):
+    with pytest.raises(AssertionError) as failure:
+        check.ridge_point(ridge_point, wrong_regime, seed=1, quiet=True)
+    message = str(failure.value)
+    assert "regime is off: " in message and phrase in message, message
+    assert "ridge_point is off" not in message, message
+
+
+def test_a_ridge_function_that_raises_or_is_not_passed_is_reported():
+    def unfinished(*args):
+        raise NotImplementedError("todo")
+
+    with pytest.raises(AssertionError) as failure:
+        check.ridge_point(unfinished, _regime_on(unfinished), seed=0, quiet=True)
+    message = str(failure.value)
+    assert "ridge_point is off: it raised NotImplementedError: todo" in message
+    assert "regime is off: it raised NotImplementedError: todo" in message  # it calls it
+    with pytest.raises(TypeError, match="pass your function regime itself"):
+        check.ridge_point(ridge_point, "memory")
+
+
+
+def test_a_ridge_function_that_calls_course_traffic_fails_even_when_right():
+    from course import hardware
+
+    def ridge_from_the_model(peak_flops, bytes_per_s):
+        traffic.ridge_point(hardware.lookup("H100 SXM"), "bf16")  # looked at, not needed
+        return peak_flops / bytes_per_s
+
+    with pytest.raises(AssertionError, match=r"ridge_point is off: it calls course.traffic "
+                                             r"\(ridge_point\)"):
+        check.ridge_point(ridge_from_the_model, regime, seed=0, quiet=True)
+
+
 # --------------------------------------------------------------------------- chapter 03
 
 def test_two_pass_kernel_passes_rows_far_longer_than_a_block():

@@ -6,7 +6,8 @@
 One checker (or two) per chapter exercise:
 
     01  torch_rmsnorm(rmsnorm_torch)
-    02  roofline_functions(fused_rmsnorm_bytes, rmsnorm_flops, arithmetic_intensity,
+    02  ridge_point(ridge_point, regime),
+        roofline_functions(fused_rmsnorm_bytes, rmsnorm_flops, arithmetic_intensity,
                            time_floor_us)
     03  eager_launch_bytes(fn), honest_timer(time_workload),
         rmsnorm_two_pass(fn), rmsnorm_two_pass_bandwidth(fn)          (the latter reports)
@@ -31,7 +32,7 @@ from course.check.layernorm import layernorm_forward, layernorm_forward_bandwidt
 from course.check.layernorm_backward import layernorm_backward, layernorm_backward_bandwidth
 from course.check.report import Report
 from course.check.rmsnorm import rmsnorm_forward, rmsnorm_forward_bandwidth
-from course.check.roofline import roofline_functions
+from course.check.roofline import ridge_point, roofline_functions
 from course.check.row_split import row_dots, split_rule
 from course.check.timer import honest_timer
 from course.check.torch_reference import torch_rmsnorm
@@ -43,5 +44,5 @@ __all__ = ["BandwidthResult", "CompileComparison", "ModelComparison", "Report",
            "layernorm_backward", "layernorm_backward_bandwidth", "layernorm_forward",
            "layernorm_forward_bandwidth", "rmsnorm_autograd", "rmsnorm_backward",
            "rmsnorm_backward_bandwidth", "rmsnorm_forward", "rmsnorm_forward_bandwidth",
-           "rmsnorm_gradcheck", "rmsnorm_two_pass", "rmsnorm_two_pass_bandwidth",
+           "ridge_point", "rmsnorm_gradcheck", "rmsnorm_two_pass", "rmsnorm_two_pass_bandwidth",
            "roofline_functions", "row_dots", "split_rule", "torch_rmsnorm"]

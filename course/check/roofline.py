@@ -1,6 +1,12 @@
-"""Checker for chapter 02's exercise: the byte and FLOP counts of the roofline model.
+"""Checkers for chapter 02's exercises: the ridge point, and the byte and FLOP counts of the
+roofline model.
 
-The learner writes four small functions:
+Exercise 2a, checked by `ridge_point` (at the end of this module), asks for two functions:
+
+    ridge_point(peak_flops, bytes_per_s) -> float        FLOP per byte where the roof turns
+    regime(intensity, peak_flops, bytes_per_s) -> str    "memory" or "compute"
+
+Exercise 2, checked by `roofline_functions`, asks for four:
 
     fused_rmsnorm_bytes(M, N, elem_bytes) -> int    read x once, the weight once, write y once
     rmsnorm_flops(M, N) -> int                      the count course.traffic uses
@@ -28,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 
-from course import traffic
+from course import hardware, traffic
 from course.check import guards
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
@@ -202,11 +208,13 @@ def _calls(m: int, n: int, dtype: torch.dtype, bandwidth: float) -> dict[str, _C
     }
 
 
-def _run(fn: Callable, call: _Call, function: _Function) -> str | None:
-    """What is wrong with one call, or None when it is right."""
+def _call_learner(fn: Callable, args: tuple, call: _Call | _RegimeCall) -> str | None:
+    """Call fn(*args) watched for course.traffic; note its answer, error and the functions
+    of course.traffic it ran in `call`. What is wrong with the call itself (it raised, it
+    used course.traffic), or None."""
     try:
         with _traffic_calls() as called:
-            got = fn(*call.args)
+            got = fn(*args)
     except Exception as exc:  # the learner's code: reported, not raised
         call.error = f"{type(exc).__name__}: {exc}"
         return f"raised {call.error}"
@@ -214,6 +222,15 @@ def _run(fn: Callable, call: _Call, function: _Function) -> str | None:
     call.traffic_used = tuple(dict.fromkeys(called))
     if call.traffic_used:
         return f"called course.traffic ({', '.join(call.traffic_used)})"
+    return None
+
+
+def _run(fn: Callable, call: _Call, function: _Function) -> str | None:
+    """What is wrong with one call, or None when it is right."""
+    problem = _call_learner(fn, call.args, call)
+    if problem is not None:
+        return problem
+    got = call.got
     if isinstance(got, bool) or not isinstance(got, Real):
         return f"returned {got!r} ({type(got).__name__}), not a number"
     if not math.isfinite(float(got)):
@@ -296,6 +313,246 @@ def roofline_functions(fused_rmsnorm_bytes: Callable[[int, int, int], int],
                           f"\n  Wrong on {len(failing)} of {len(results)} cases, e.g. "
                           f"{first.message}.")
     report = Report("roofline_functions", seed, results, advice, notes)
+    if not report.passed:
+        raise AssertionError(report.message())
+    if not quiet:
+        report.show()
+    return report
+
+
+# ---------------------------------------------------------------- the ridge point
+#
+# The learner writes two more functions:
+#
+#     ridge_point(peak_flops, bytes_per_s) -> float        P / B, FLOP per byte
+#     regime(intensity, peak_flops, bytes_per_s) -> str    "memory" left of the ridge,
+#                                                          "compute" otherwise
+#
+# Both are checked on roofs of `course.hardware`'s table and on made-up GPUs drawn fresh
+# each run, in base units (FLOP/s, bytes/s) as the functions take them. A wrong ridge is
+# compared with the usual slips (an inverted ratio, a unit prefix applied or dropped, the
+# peak halved or doubled for FMAs); a wrong regime with swapped sides, one answer for
+# everything, the wrong boundary, or a boundary that follows the learner's own wrong ridge.
+
+_REGIMES = ("memory", "compute")
+_NOTHING = object()  # no odd answer (None is one a function can return)
+# (GPU of course.hardware, the math its peak is for, halve the peak?). The peaks count an
+# FMA as two FLOPs; the no-FMA roof halves the float32 peak before the call, as chapter 02
+# does for a count with no FMAs.
+_FIXED_ROOFS = (("H100 SXM", torch.bfloat16, False), ("H100 SXM", torch.float32, False),
+                ("H100 SXM", torch.float32, True), ("A100 40GB", torch.bfloat16, False),
+                ("T4", torch.float16, False), ("L4", torch.float32, True))
+# Where a kernel sits: a copy (no arithmetic), fused RMSNorm in float32 and in bfloat16,
+# and an 8192³ bfloat16 matrix product (2n³ FLOPs over three n×n matrices of 2 bytes).
+_KERNELS = (("a copy", 0.0), ("fused RMSNorm, float32", 0.5), ("fused RMSNorm, bfloat16", 1.0),
+            ("an 8192³ bfloat16 matmul", 2 * 8192**3 / (3 * 8192**2 * 2)))
+_NEAR_RIDGE = (0.8, 1.25)  # intensities this close to the ridge, on either side, too
+
+
+@dataclass(frozen=True)
+class _Roof:
+    """One GPU's roof for one kind of math: what a case of the ridge check is about."""
+
+    name: str
+    peak_flops: float   # FLOP/s
+    bytes_per_s: float
+
+    @property
+    def ridge(self) -> float:
+        return self.peak_flops / self.bytes_per_s
+
+    def label(self) -> str:
+        return (f"{self.name} ({self.peak_flops / 1e12:g} TFLOP/s, "
+                f"{self.bytes_per_s / 1e9:g} GB/s)")
+
+
+def _roofs(seed: int) -> list[_Roof]:
+    roofs = []
+    for gpu, dtype, halved in _FIXED_ROOFS:
+        spec = hardware.lookup(gpu)
+        math_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+        peak = spec.peak_flops(dtype) / (2 if halved else 1)
+        roofs.append(_Roof(f"{spec.name} {math_name}" + (" no-FMA" if halved else ""), peak,
+                           spec.hbm_bytes_per_s))
+    rng = random.Random(seed)
+    for index in range(2):  # made-up GPUs, fresh every run, so no table of answers passes
+        peak = 10 ** rng.uniform(13, math.log10(3e15))
+        bandwidth = 10 ** rng.uniform(math.log10(2e11), 13)
+        roofs.append(_Roof(f"made-up GPU {index + 1}", peak, bandwidth))
+    return roofs
+
+
+def _ridge_mistakes() -> tuple[_Mistake, ...]:
+    return (
+        _Mistake("your ratio is inverted: bytes_per_s / peak_flops is bytes per FLOP. The "
+                 "ridge is FLOP per byte, peak_flops / bytes_per_s (about 295 for an H100's "
+                 "bfloat16 math, not 0.0034)", lambda p, b, _: b / p),
+        _Mistake("you returned the product: the ridge is the ratio peak_flops / bytes_per_s",
+                 lambda p, b, _: p * b),
+        _Mistake("you divided TFLOP/s by GB/s, which makes the ridge 1000 times too small "
+                 "(tera is 1e12, giga 1e9). Both arguments are already in base units, FLOP/s "
+                 "and bytes/s: peak_flops / bytes_per_s", lambda p, b, _: (p / 1e12) / (b / 1e9)),
+        _Mistake("you converted both to base units again (TFLOP/s x 1e12 over GB/s x 1e9), "
+                 "which makes the ridge 1000 times too large: the arguments are already in "
+                 "FLOP/s and bytes/s", lambda p, b, _: (p * 1e12) / (b * 1e9)),
+        _Mistake("you treated bytes_per_s as GB/s (multiplied it by 1e9): it is already in "
+                 "bytes per second", lambda p, b, _: p / (b * 1e9)),
+        _Mistake("you converted bytes_per_s to GB/s (divided it by 1e9): the ridge is FLOP per "
+                 "byte, so keep bytes per second", lambda p, b, _: p / (b / 1e9)),
+        _Mistake("you treated peak_flops as TFLOP/s (multiplied it by 1e12): it is already in "
+                 "FLOP per second", lambda p, b, _: p * 1e12 / b),
+        _Mistake("you converted peak_flops to TFLOP/s (divided it by 1e12): the ridge is FLOP "
+                 "per byte, so keep FLOP per second", lambda p, b, _: p / 1e12 / b),
+        _Mistake("you halved the peak (an FMA counted as one FLOP?): ridge_point takes the peak "
+                 "as given. Whoever calls it with a datasheet peak, which counts an FMA as two "
+                 "FLOPs, halves it first when their count has no FMAs (the no-FMA column does)",
+                 lambda p, b, _: p / 2 / b),
+        _Mistake("you doubled the peak (an FMA counted as two FLOPs?): the datasheet peaks "
+                 "already count an FMA as two, and ridge_point takes the peak as given",
+                 lambda p, b, _: 2 * p / b),
+        _Mistake("you used integer division (//), which rounds the ridge down to a whole "
+                 "number: use /", lambda p, b, _: p // b),
+    )
+
+
+_RIDGE = _Function("ridge_point", False, _ridge_mistakes)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    why: str
+    answer: Callable[[float, _Roof], str]  # (intensity, roof) -> "memory" or "compute"
+
+
+def _side(intensity: float, boundary: float) -> str:
+    return "memory" if intensity < boundary else "compute"
+
+
+def _regime_rules() -> tuple[_Rule, ...]:
+    return (
+        _Rule("you have the sides swapped: left of the ridge (intensity below it) a kernel "
+              "waits for bytes, so it is memory-bound; right of it, compute-bound",
+              lambda i, r: "compute" if _side(i, r.ridge) == "memory" else "memory"),
+        _Rule("it answers 'memory' for every kernel, also for an 8192³ matmul at 2731 "
+              "FLOP/byte, far right of an H100's ridge (295): compare the intensity with the "
+              "ridge point",
+              lambda i, r: "memory"),
+        _Rule("it answers 'compute' for every kernel, also for a copy at 0 FLOP/byte: compare "
+              "the intensity with the ridge point", lambda i, r: "compute"),
+        _Rule("you compared the intensity with bytes_per_s / peak_flops (bytes per FLOP): "
+              "the ridge is peak_flops / bytes_per_s, FLOP per byte",
+              lambda i, r: _side(i, r.bytes_per_s / r.peak_flops)),
+        _Rule("you compared the intensity with half the ridge (the peak halved for FMAs?): "
+              "regime takes the peak as given, like ridge_point",
+              lambda i, r: _side(i, r.ridge / 2)),
+        _Rule("you compared the intensity with twice the ridge (the peak doubled for FMAs?): "
+              "regime takes the peak as given, like ridge_point",
+              lambda i, r: _side(i, 2 * r.ridge)),
+    )
+
+
+@dataclass
+class _RegimeCall:
+    intensity: float
+    kernel: str
+    roof: _Roof
+    got: object = None
+    error: str | None = None
+    traffic_used: tuple[str, ...] = field(default=())
+
+    @property
+    def want(self) -> str:
+        return _side(self.intensity, self.roof.ridge)
+
+    def args(self) -> str:
+        return f"{self.intensity!r}, {self.roof.peak_flops!r}, {self.roof.bytes_per_s!r}"
+
+
+def _run_regime(fn: Callable, call: _RegimeCall) -> str | None:
+    """What is wrong with one call of the learner's regime, or None when it is right."""
+    problem = _call_learner(fn, (call.intensity, call.roof.peak_flops, call.roof.bytes_per_s),
+                            call)
+    if problem is None and call.got != call.want:
+        return f"returned {call.got!r}, expected {call.want!r}"
+    return problem
+
+
+def _diagnose_regime(calls: list[_RegimeCall], own_ridges: dict[_Roof, float]) -> str:
+    used = list(dict.fromkeys(name for c in calls for name in c.traffic_used))
+    if used:
+        return (f"it calls course.traffic ({', '.join(used)}), the model this check compares "
+                "against. Write the comparison yourself, in plain Python")
+    answered = [c for c in calls if c.error is None]
+    if not answered:
+        return f"it raised {calls[0].error}"
+    odd = next((c.got for c in answered if not (isinstance(c.got, str) and c.got in _REGIMES)),
+               _NOTHING)
+    if odd is not _NOTHING:
+        if isinstance(odd, str) and odd.strip().lower().startswith(_REGIMES):
+            return (f"it returned {odd!r}: return exactly 'memory' or 'compute' (lower case, "
+                    "nothing after it)")
+        return (f"it returned {odd!r} ({type(odd).__name__}): return the string 'memory' or "
+                "'compute'")
+    # A regime built on the learner's own ridge_point is right once that is.
+    if own_ridges and any(not _same(own, roof.ridge) for roof, own in own_ridges.items()) \
+            and all(c.roof in own_ridges and c.got == _side(c.intensity, own_ridges[c.roof])
+                    for c in answered):
+        return ("its answers follow your ridge_point, which is off (see above): fix "
+                "ridge_point, and regime will follow")
+    for rule in _regime_rules():
+        if all(c.got == rule.answer(c.intensity, c.roof) for c in answered):
+            return rule.why
+    wrong = next(c for c in answered if c.got != c.want)
+    side = "left" if wrong.want == "memory" else "right"
+    return (f"for {wrong.kernel} at {wrong.intensity:.4g} FLOP/byte on {wrong.roof.label()}, "
+            f"whose ridge is {wrong.roof.ridge:.4g} FLOP/byte, it answered {wrong.got!r}: the "
+            f"kernel is {side} of the ridge, so {wrong.want}-bound")
+
+
+@learner_facing
+def ridge_point(ridge_point: Callable[[float, float], float],
+                regime: Callable[[float, float, float], str], *,
+                seed: int | None = None, quiet: bool = False) -> Report:
+    """Check chapter 02's `ridge_point(peak_flops, bytes_per_s)` and `regime(intensity,
+    peak_flops, bytes_per_s)` on roofs of `course.hardware`'s table and on made-up GPUs;
+    raise AssertionError naming each wrong function and its likely mistake, return the
+    report (printed unless quiet) when both are right."""
+    for name, fn in (("ridge_point", ridge_point), ("regime", regime)):
+        if not callable(fn):
+            raise TypeError(f"pass your function {name} itself, not {type(fn).__name__}")
+    seed = fresh_seed() if seed is None else int(seed)
+    results: list[CaseResult] = []
+    ridge_calls: list[_Call] = []
+    regime_calls: list[_RegimeCall] = []
+    own_ridges: dict[_Roof, float] = {}
+    for roof in _roofs(seed):
+        findings = []
+        call = _Call((roof.peak_flops, roof.bytes_per_s), (roof.peak_flops, roof.bytes_per_s, 0),
+                     roof.ridge)
+        ridge_calls.append(call)
+        problem = _run(ridge_point, call, _RIDGE)
+        if problem is not None:
+            findings.append(Finding("ridge_point", f"ridge_point({roof.peak_flops!r}, "
+                                                   f"{roof.bytes_per_s!r}) {problem}"))
+        if call.error is None and isinstance(call.got, Real) and not isinstance(call.got, bool):
+            own_ridges[roof] = float(call.got)
+        kernels = [*_KERNELS, *((f"a kernel at {f:g}x the ridge", f * roof.ridge)
+                                for f in _NEAR_RIDGE)]
+        for kernel, intensity in kernels:
+            regime_call = _RegimeCall(intensity, kernel, roof)
+            regime_calls.append(regime_call)
+            problem = _run_regime(regime, regime_call)
+            if problem is not None and not any(f.kind == "regime" for f in findings):
+                findings.append(Finding("regime", f"regime({regime_call.args()}) {problem}"))
+        results.append(CaseResult(roof, findings=tuple(findings)))  # type: ignore[arg-type]
+    advice = []
+    for name, diagnose in (("ridge_point", lambda: _diagnose(_RIDGE, ridge_calls)),
+                           ("regime", lambda: _diagnose_regime(regime_calls, own_ridges))):
+        failing = [r for r in results if r.finding(name)]
+        if failing:
+            advice.append(f"{name} is off: {diagnose()}.\n  Wrong on {len(failing)} of "
+                          f"{len(results)} GPUs, e.g. {failing[0].finding(name).message}.")
+    report = Report("ridge_point", seed, results, advice)
     if not report.passed:
         raise AssertionError(report.message())
     if not quiet:
