@@ -250,7 +250,39 @@ MISTAKES: dict[str, Mistake] = {
                   "tl.store(dw_ptr + cols, (tl.sum(acc, axis=0) / n_partials).to(")),
         ("ex07_backward_dw",), "dW is off by a constant factor",
         also=("ex07_layernorm_dw", "ex07_layernorm_db")),
+    "dw_partial_row_at_pid": Mistake(
+        "kernel 1 stores its partial row at + pid, not + pid * n_cols: the rows overlap",
+        _one(K1, ("tl.store(dw_partial_ptr + pid * n_cols + cols, dw_acc",
+                  "tl.store(dw_partial_ptr + pid + cols, dw_acc")),
+        ("ex07_backward_dw",), "which makes the programs' rows overlap", exclusive=False),
+    "dw_rms_from_x": Mistake(
+        "dW summed from x, not x_hat",
+        _one(K1, ("dw_acc += dy * x_hat\n    tl.store", "dw_acc += dy * x\n    tl.store")),
+        ("ex07_backward_dw",), "un-normalised x"),
+    "dw_from_g": Mistake(
+        "dW summed from g = weight * dy, not dy",
+        _one(K1, ("dw_acc += dy * x_hat\n    tl.store", "dw_acc += g * x_hat\n    tl.store")),
+        ("ex07_backward_dw",), "dW is summed from g = weight * dy"),
+    "dy_read_with_x_stride": Mistake(
+        "dy's rows stepped through with x's row stride",
+        _one(K1, ("dy = tl.load(dy_ptr + row * stride_dy_row",
+                  "dy = tl.load(dy_ptr + row * stride_x_row")),
+        ("ex07_backward_dx", "ex07_backward_dw"), "dy's N + 20"),
     # ---- exercise 2: LayerNorm
+    "ln_dx_without_weight": Mistake(
+        "LayerNorm's g = dy, without the weight",
+        _one(LN, ("g = dy * w  ", "g = dy  ")),
+        ("ex07_layernorm_dx",), "in all three places it appears"),
+    "ln_x_hat_not_centred": Mistake(
+        "x_hat = x * rstd: the saved mean never subtracted",
+        _one(LN, ("x_hat = (x - tl.load(mean_ptr + row)) * rstd", "x_hat = x * rstd")),
+        ("ex07_layernorm_dx", "ex07_layernorm_dw"), "dx uses x * rstd where x_hat",
+        more={"ex07_layernorm_dw": "dW is summed from x * rstd"}),
+    "ln_dy_read_with_x_stride": Mistake(
+        "LayerNorm's dy rows stepped through with x's row stride",
+        _one(LN, ("dy = tl.load(dy_ptr + row * stride_dy_row",
+                  "dy = tl.load(dy_ptr + row * stride_x_row")),
+        ("ex07_layernorm_dx", "ex07_layernorm_dw", "ex07_layernorm_db"), "dy's N + 20"),
     "ln_without_mean_g": Mistake(
         "LayerNorm's dx without -mean(g)",
         _one(LN, ("dx = (g - g_mean - x_hat * c) * rstd", "dx = (g - x_hat * c) * rstd")),

@@ -67,7 +67,7 @@ def _inputs(case: Case, gen: torch.Generator) -> Inputs:
     x = case.make_input(gen)
     rstd = reference.rmsnorm_rstd(x.tensor, case.eps).to(f32)  # as a forward saved it
     return {"x": x, "weight": case.make_vector(gen), "rstd": guarded(rstd),
-            "dy": case.make_like_input(gen)}
+            "dy": dy_like(case, gen)}
 
 
 def _call(fn: Callable, t: Tensors, case: Case) -> object:
@@ -315,14 +315,16 @@ def sum_suspects(output: str, terms_of: Terms, *, what: str, zero_acc: str,
     upper = {"dw": "dW", "db": "dB"}.get(output, output)  # as the chapter writes them
     return (
         Suspect(f"{output}_padded_partials", output,
-                f"{output} is NaN in some cases and right in others: kernel 2 adds up rows "
-                f"past the P partial rows of the {workspace}. Its tile has BLOCK_P = "
-                f"next_power_of_2(P) rows; when P is not a power of two, BLOCK_P - P of them "
-                f"are padding, and a tile loaded without a row mask reads whatever memory "
-                f"lies past the {workspace} there (here NaN, the checker's poison; on a GPU, "
-                f"other data or a fault). Mask the tile's rows as well as its columns: "
-                f"mask = (rows < n_partials)[:, None] & (cols < n_cols)[None, :], with "
-                f"other=0.0, so that the padding adds nothing.",
+                f"{output} is NaN in some cases and right in others: kernel 2 adds up memory "
+                f"that kernel 1 never wrote (here NaN, the checker's poison; on a GPU, other "
+                f"data or a fault). Two slips do that. Kernel 2's tile reads rows past the P "
+                f"partial rows of the {workspace}: it has BLOCK_P = next_power_of_2(P) rows, "
+                f"and when P is not a power of two, BLOCK_P - P of them are padding. Mask the "
+                f"tile's rows as well as its columns: mask = (rows < n_partials)[:, None] & "
+                f"(cols < n_cols)[None, :], with other=0.0, so that the padding adds nothing. "
+                f"Or kernel 1 leaves part of the {workspace} unwritten: program pid stores "
+                f"its whole partial row at {output}_partial_ptr + pid * n_cols + cols (not "
+                f"+ pid + cols, which makes the programs' rows overlap).",
                 matches=_nan_where_finite, across=_right_somewhere(output)),
         Suspect(f"{output}_workspace_not_cleared", output,
                 f"{output} is NaN in every case although your kernels received it: what "
@@ -375,6 +377,15 @@ def _dx(t: Tensors, case: Case) -> torch.Tensor:
     return _expected(t, case)[0]
 
 
+def _dw_from(t: Tensors, *, normalised: bool, weighted: bool) -> torch.Tensor:
+    """dw summed from x instead of x_hat, or from g = weight * dy instead of dy."""
+    n = t["x"].shape[-1]
+    x64 = t["x"].to(F64).reshape(-1, n)
+    x = x64 * t["rstd"].to(F64).reshape(-1, 1) if normalised else x64
+    dy = t["dy"].to(F64).reshape(-1, n)
+    return ((dy * t["weight"].to(F64) if weighted else dy) * x).sum(dim=0)
+
+
 SUSPECTS = (
     Suspect("dx_is_dy", "dx",
             "dx is dy unchanged (dX = dY: a published RMSNorm backward does exactly this). "
@@ -409,10 +420,34 @@ SUSPECTS = (
             "same number (below). dx = rstd * (g - x_hat * c): rstd once, and c = "
             "sum(x_hat * g) / N divided by N alone, nothing else.",
             matches=constant_factor("dx", _dx)),
+    Suspect("dw_from_x", "dw",
+            "dW is summed from the un-normalised x: dw = sum over rows of dy * x_hat, with "
+            "x_hat = x * rstd, the value the weight multiplied in the forward, not x itself.",
+            expected=lambda t, c: _dw_from(t, normalised=False, weighted=False)),
+    Suspect("dw_from_g", "dw",
+            "dW is summed from g = weight * dy: the weight multiplied x_hat in the forward, "
+            "so its own gradient is dw = sum over rows of dy * x_hat, without the weight "
+            "(g belongs to dx).", expected=lambda t, c: _dw_from(t, normalised=True,
+                                                                    weighted=True)),
     *sum_suspects("dw", lambda t, c: dw_terms(t), what="dy * x_hat",
                   zero_acc="dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)",
                   workspace="workspace"),
 )
+
+# In the padded case x's rows and dy's are laid out apart (dy with half x's padding): a
+# kernel that steps through dy with x's row stride, or the other way round, fails there.
+STRIDED_ADVICE = (
+    "Only the case with padded rows fails. There the inputs' rows are not N elements apart, "
+    "and not the same distance apart either: x's rows are N + 40 elements apart, dy's "
+    "N + 20. Each tensor needs its own row stride: pass x2.stride(0), dy2.stride(0) and "
+    "dx.stride(0) to the kernel (as_rows and check_same_rows give the 2-D views), and offset "
+    "each by its own, x_ptr + row * stride_x_row, dy_ptr + row * stride_dy_row, "
+    "dx_ptr + row * stride_dx_row.")
+
+
+def dy_like(case: Case, gen: torch.Generator):
+    """dy for a backward case: x's shape and dtype, its rows laid out with half x's padding."""
+    return case.make_like_input(gen, row_padding=case.row_padding // 2)
 
 
 RMSNORM_BACKWARD = Exercise(
@@ -448,6 +483,7 @@ RMSNORM_BACKWARD = Exercise(
             "A tensor you return was never passed to a kernel, so no kernel computed it. "
             "Allocate dx (and the dw that kernel 2 writes), pass them to your kernels, and "
             "return them."),
+        "strided": STRIDED_ADVICE,
     },
 )
 

@@ -29,8 +29,10 @@ from collections.abc import Callable
 
 from course import reference, runtime, traffic
 from course.check.backward import (
+    STRIDED_ADVICE,
     constant_factor,
     dw_sum_atol,
+    dy_like,
     graded_part,
     padded_block,
     sum_suspects,
@@ -84,7 +86,7 @@ def _inputs(case: Case, gen: torch.Generator) -> Inputs:
     x = case.make_input(gen)
     mean, rstd = reference.layernorm_stats(x.tensor, case.eps)  # as a forward saved them
     return {"x": x, "weight": case.make_vector(gen), "mean": guarded(mean.to(f32)),
-            "rstd": guarded(rstd.to(f32)), "dy": case.make_like_input(gen)}
+            "rstd": guarded(rstd.to(f32)), "dy": dy_like(case, gen)}
 
 
 def _call(fn: Callable, t: Tensors, case: Case) -> object:
@@ -148,12 +150,14 @@ def _extra_atol(name: str, t: Tensors, case: Case) -> torch.Tensor | None:
 
 
 def _dx(t: Tensors, case: Case, *, mean_g: bool = True, projection: bool = True,
-        centred: bool = True, over_block: bool = False) -> torch.Tensor:
+        centred: bool = True, over_block: bool = False, weight: bool = True) -> torch.Tensor:
     """dx with one of the usual slips: no -mean(g), no -x_hat * c, x_hat without the mean,
-    both means over the padded block (BLOCK_N lanes, not N)."""
+    both means over the padded block (BLOCK_N lanes, not N), g = dy without the weight."""
     shape = t["x"].shape
     x_hat = _x_hat(t, centred=centred)
-    g = t["dy"].to(F64).reshape(-1, shape[-1]) * t["weight"].to(F64)
+    g = t["dy"].to(F64).reshape(-1, shape[-1])
+    if weight:
+        g = g * t["weight"].to(F64)
     count = padded_block(shape[-1]) if over_block else shape[-1]
     inner = g
     if mean_g:
@@ -189,6 +193,10 @@ DX_SUSPECTS = (
             "dx uses x * rstd where x_hat = (x - mean) * rstd belongs: subtract the saved "
             "mean before multiplying by rstd (load it, mean_ptr + row).",
             expected=lambda t, c: _dx(t, c, centred=False)),
+    Suspect("dx_without_weight", "dx",
+            "dx leaves out the weight: the gradient reaching x_hat is g = weight * dy, in all "
+            "three places it appears, dx = rstd * (g - mean(g) - x_hat * mean(x_hat * g)).",
+            expected=lambda t, c: _dx(t, c, weight=False)),
     Suspect("dx_wrong_sign", "dx",
             "dx has the wrong sign: dx = rstd * (g - mean(g) - x_hat * mean(x_hat * g)).",
             matches=constant_factor("dx", lambda t, c: _expected(t, c)[0], sign=-1)),
@@ -210,6 +218,11 @@ PARAM_SUSPECTS = (
             "dW is summed from the un-normalised x: dw = sum over rows of dy * x_hat, with "
             "x_hat = (x - mean) * rstd, the value the weight multiplied in the forward, not "
             "x itself.", expected=lambda t, c: _terms_wrong_x(t, centred=False).sum(dim=0)),
+    Suspect("dw_x_hat_not_centred", "dw",
+            "dW is summed from x * rstd: x_hat = (x - mean) * rstd, the saved mean subtracted "
+            "before multiplying by rstd (load it, mean_ptr + row), so dw = sum over rows of "
+            "dy * x_hat.", expected=lambda t, c: (db_terms(t) * _x_hat(t, centred=False)
+                                                  ).sum(dim=0)),
     Suspect("dw_from_centred_x", "dw",
             "dW is summed from x - mean without rstd: the weight multiplied "
             "x_hat = (x - mean) * rstd in the forward, so dw = sum over rows of dy * x_hat.",
@@ -276,6 +289,7 @@ LAYERNORM_BACKWARD = Exercise(
             "and a spread of 1, x * rstd and mean * rstd are each near 1e4 * rstd and rounded "
             "there: their difference keeps three digits or so. Subtract first, "
             "x_hat = (x - mean) * rstd: two neighbouring float32 values subtract exactly."),
+        "strided": STRIDED_ADVICE,
     },
 )
 
