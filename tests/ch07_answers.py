@@ -312,6 +312,11 @@ MISTAKES: dict[str, Mistake] = {
                        "for partial, out in ((partials[0], dw),):")),
         ("ex07_layernorm_db",), "dB is never computed"),
     # ---- exercise 3
+    "function_drops_eps": Mistake(
+        "forward calls rmsnorm_forward(x, weight): the eps it was given is dropped",
+        _one(FN, ("y, rstd = rmsnorm_forward(x, weight, eps)",
+                  "y, rstd = rmsnorm_forward(x, weight)")),
+        ("ex07_autograd_correct",), "does not reach your forward kernel"),
     "function_saves_y": Mistake(
         "forward saves y where the backward needs x",
         _one(FN, ("ctx.save_for_backward(x, weight, rstd)",

@@ -607,8 +607,9 @@ def test_an_autograd_function_computing_in_numpy_is_refused():
     message = _failure(_NumpyFunction, check.rmsnorm_autograd)
     assert f"forward returned `y` holding values it already had when your kernels received " \
            f"it: {UNCHANGED}" in message
-    assert "rmsnorm_autograd: 0/5 cases pass" in message
     from course.check.autograd import _CASES, _run_case
+
+    assert f"rmsnorm_autograd: 0/{len(_CASES)} cases pass" in message
 
     result = _run_case(_NumpyFunction, _CASES[0], torch.Generator().manual_seed(0))
     texts = [f.message for f in result.findings if f.kind == "output_unchanged"]

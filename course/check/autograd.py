@@ -67,6 +67,10 @@ _CASES = (
     _GradCase(Case("odd N, float16", (5, 100), f16, frozenset({"odd_n", "half"}))),
     _GradCase(Case("3-D input, strided rows", (2, 3, 32), f32, frozenset({"nd", "strided"}),
                    row_padding=8)),
+    # eps outweighs the rows' mean square: a Function that drops the eps it is given (calls
+    # rmsnorm_forward(x, weight) with its default) fails here only.
+    _GradCase(Case("custom eps", (4, 64), f32, frozenset({"eps", "pow2"}), scale=0.05,
+                   eps=0.01)),
     _GradCase(Case("only x requires grad", (4, 64), f32, frozenset({"pow2"})),
               weight_requires_grad=False),
     _GradCase(Case("only weight requires grad", (4, 64), f32, frozenset({"pow2"})),
@@ -105,6 +109,10 @@ _ADVICE = {
     # Writes into an input are told apart by the input, as in the backward exercise.
     "input_written:dy": RMSNORM_BACKWARD.advice["input_written:dy"],
     "input_written:rstd": RMSNORM_BACKWARD.advice["input_written:rstd"],
+    "eps": (
+        "Only the case with eps = 0.01 fails: the eps given to apply(x, weight, eps) does not "
+        "reach your forward kernel. Pass it on, rmsnorm_forward(x, weight, eps): a default "
+        "or a constant there ignores what the caller asked for."),
     "gradcheck": (
         "torch.autograd.gradcheck failed in float64: the gradients from your backward differ "
         "from finite differences of your forward."),
@@ -186,7 +194,8 @@ def _checked_case(function_class: type, spec: _GradCase, inputs: Inputs,
     x.grad = w.grad = None  # a second call on the same tensors must not accumulate
     originals = {"x": x.detach().clone(), "weight": w.detach().clone(),
                  "dy": dy.detach().clone()}
-    originals["rstd"] = reference.rmsnorm_rstd(originals["x"], EPS).to(f32)
+    eps = case.eps
+    originals["rstd"] = reference.rmsnorm_rstd(originals["x"], eps).to(f32)
     x.requires_grad_(spec.x_requires_grad)
     w.requires_grad_(spec.weight_requires_grad)
     probe, returned = _probe_class(function_class)
@@ -196,7 +205,7 @@ def _checked_case(function_class: type, spec: _GradCase, inputs: Inputs,
     try:
         with sandbox.watch() as fwd:
             watched.append(fwd)
-            y = probe.apply(x, w, EPS)
+            y = probe.apply(x, w, eps)
         allocated.allocations += fwd.allocations
         findings += _launch_and_op_findings(fwd, "forward")
         launches += fwd.launches
@@ -205,7 +214,7 @@ def _checked_case(function_class: type, spec: _GradCase, inputs: Inputs,
                                  "expected the tensor y")
         named["y"] = y
         findings += provenance_findings(fwd, ("y",), (y,), who="forward ")
-        expected_y = reference.rmsnorm(originals["x"], originals["weight"], EPS)
+        expected_y = reference.rmsnorm(originals["x"], originals["weight"], eps)
         mismatches = [m for m in [compare("y", y, expected_y, case.dtype)] if m is not None]
         if not y.requires_grad:
             findings.append(Finding("not_differentiable", "y.requires_grad is False"))
@@ -248,7 +257,7 @@ def _checked_case(function_class: type, spec: _GradCase, inputs: Inputs,
     findings += memory_findings(allocated, {"x": x_in, "weight": w_in, "dy": dy_in})
 
     dx_want, dw_want = reference.rmsnorm_backward(originals["x"], originals["weight"],
-                                                  originals["dy"], eps=EPS)
+                                                  originals["dy"], eps=eps)
     outputs: dict[str, torch.Tensor] = {}
     for name, leaf, wanted, want, extra in (
             ("dx", x, spec.x_requires_grad, dx_want, None),
@@ -270,11 +279,11 @@ def _checked_case(function_class: type, spec: _GradCase, inputs: Inputs,
                       outputs=tuple(outputs.values()), hints=hints, inputs=inputs)
 
 
-def _answers(t: Tensors) -> dict[str, tuple[torch.Tensor, object]]:
+def _answers(t: Tensors, eps: float) -> dict[str, tuple[torch.Tensor, object]]:
     """The float64 y, dx and dw for the values `t` holds, each with its extra tolerance."""
-    dx, dw = reference.rmsnorm_backward(t["x"], t["weight"], t["dy"], eps=EPS)
-    terms = dw_terms({**t, "rstd": reference.rmsnorm_rstd(t["x"], EPS).to(f32)})
-    return {"y": (reference.rmsnorm(t["x"], t["weight"], EPS), None), "dx": (dx, None),
+    dx, dw = reference.rmsnorm_backward(t["x"], t["weight"], t["dy"], eps=eps)
+    terms = dw_terms({**t, "rstd": reference.rmsnorm_rstd(t["x"], eps).to(f32)})
+    return {"y": (reference.rmsnorm(t["x"], t["weight"], eps), None), "dx": (dx, None),
             "dw": (dw, dw_sum_atol(terms))}
 
 
@@ -289,7 +298,8 @@ def _probe_same_buffers(function_class: type, spec: _GradCase, passed: CaseResul
     if not inputs:
         return ()
     spec = dataclasses.replace(spec, x_requires_grad=True, weight_requires_grad=True)
-    old = _answers({name: g.tensor.detach().clone() for name, g in inputs.items()})
+    old = _answers({name: g.tensor.detach().clone() for name, g in inputs.items()},
+                   spec.case.eps)
     fresh = _make_inputs(spec.case, torch.Generator().manual_seed(seed))
     for name, g in inputs.items():
         g.refill(fresh[name])
@@ -376,15 +386,16 @@ def probe_repeat(function_class: type, case: Case, seed: int) -> tuple[Finding, 
     args = tuple(first[k].tensor for k in ("x", "weight", "dy"))
     again = tuple(other[k].tensor for k in ("x", "weight", "dy"))
     t = {k: other[k].tensor.detach().clone() for k in ("x", "weight", "dy")}
-    t["rstd"] = reference.rmsnorm_rstd(t["x"], EPS).to(f32)
-    y_want = reference.rmsnorm(t["x"], t["weight"], EPS)
-    dx_want, dw_want = reference.rmsnorm_backward(t["x"], t["weight"], t["dy"], eps=EPS)
+    eps = case.eps
+    t["rstd"] = reference.rmsnorm_rstd(t["x"], eps).to(f32)
+    y_want = reference.rmsnorm(t["x"], t["weight"], eps)
+    dx_want, dw_want = reference.rmsnorm_backward(t["x"], t["weight"], t["dy"], eps=eps)
     def here(args: tuple, again: tuple, eps: float) -> object:
         return repeated(autograd_step(function_class, eps), args, {}, again)
 
     # The learner's Function in its own process (course.verify) repeats itself there.
     repeat = getattr(function_class, "repeated_step", here)
-    got, failed = repeat_or_finding(lambda: repeat(args, again, EPS),
+    got, failed = repeat_or_finding(lambda: repeat(args, again, eps),
                                     "your forward's and backward's")
     if failed is not None:
         return (failed,)
