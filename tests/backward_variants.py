@@ -202,6 +202,13 @@ class TwoGradients(RMSNormFunction):
         return dx, dw  # eps gets nothing
 
 
+class SwappedGradients(RMSNormFunction):
+    @staticmethod
+    def backward(ctx, dy):
+        dx, dw, _ = RMSNormFunction.backward(ctx, dy)
+        return dw, dx, None  # in the wrong order: PyTorch refuses dw's shape for x
+
+
 class TorchBackward(RMSNormFunction):
     @staticmethod
     def backward(ctx, dy):
@@ -262,4 +269,5 @@ BROKEN_FUNCTIONS = {
     "four_gradients": (FourGradients, "returned 4 values for 3 inputs"),
     "two_gradients": (TwoGradients, "returned 2 value(s) for 3 inputs"),
     "torch_backward": (TorchBackward, "backward launched no Triton kernel"),
+    "swapped_gradients": (SwappedGradients, "Are dx and dw swapped?"),
 }

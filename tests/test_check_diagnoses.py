@@ -264,3 +264,22 @@ def test_outputs_returned_in_the_wrong_order_are_called_swapped():
     assert message.split("\n\n")[1].startswith("The two outputs are swapped"), message
     assert "Return (y, residual_out)" in message, message
     assert "Compare your formula" not in message, message
+
+
+def test_a_block_that_is_not_a_power_of_two_is_told_to_round_up():
+    import layernorm_variants
+
+    def block_of_n(x, weight, bias, eps=1e-5):  # BLOCK_N = N: fine at N = 128, refused at 100
+        x2 = x.reshape(-1, x.shape[-1])
+        y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+        n = x2.shape[1]
+        layernorm_variants.layernorm_kernel[(x2.shape[0],)](
+            x2, weight, bias, y, x2.stride(0), y.stride(0), n, eps, BLOCK_N=n, ONE_PASS=False,
+            BIAS=True, UNBIASED=False, CENTRE=True, MEAN_BY_BLOCK=False, VAR_BY_BLOCK=False,
+            EPS_OUTSIDE=False, Y_CENTRED=True, VAR_CENTRED=True, WEIGHT=True,
+            PARAMS_ROW_OFFSET=False)
+        return y.view(x.shape)
+
+    with pytest.raises(AssertionError) as failure:
+        check.layernorm_forward(block_of_n, seed=3, quiet=True)
+    assert "BLOCK_N = triton.next_power_of_2(N)" in str(failure.value)

@@ -72,9 +72,29 @@ _CALL_FINDINGS = {
 _LOOP_VARIABLE = re.compile(r"'int' object has no attribute '(\w+)'")
 
 
+# Triton refuses a block whose length is not a power of two, in both modes.
+_ARANGE = re.compile(r"arange's range must be a power of 2")
+# PyTorch, when backward returns a gradient of another input's shape (dx and dw swapped).
+_GRADIENT_SHAPE = re.compile(r"returned an invalid gradient at index (\d+) - got \[([\d, ]*)\] "
+                             r"but expected shape compatible with \[([\d, ]*)\]")
+
+
 def _error_hint(error: str) -> str:
-    """What an error means when it is a known difference between the interpreter and a
-    GPU, and what to write instead; empty otherwise."""
+    """What an error means, and what to write instead, when it is one a learner meets
+    often (a block that is not a power of two, gradients in the wrong order, a known
+    difference between the interpreter and a GPU); empty otherwise."""
+    if _ARANGE.search(error):
+        return ("\n  tl.arange(0, BLOCK_N) needs a power-of-two length, and a row's N need not "
+                "be one: launch with BLOCK_N = triton.next_power_of_2(N) (a tl.constexpr), "
+                "and mask the columns past N, mask = cols < n_cols, in every load and store.")
+    shape = _GRADIENT_SHAPE.search(error)
+    if shape:
+        return (f"\n  backward's value at index {shape.group(1)}, the gradient of forward's "
+                f"input {shape.group(1)}, has shape [{shape.group(2)}] where that input has "
+                f"shape [{shape.group(3)}]. "
+                "backward returns one gradient per input of forward, in forward's order and "
+                "each of its input's shape: for forward(ctx, x, weight, eps), "
+                "`return dx, dw, None` (dx first, like x). Are dx and dw swapped?")
     found = _LOOP_VARIABLE.search(error)
     if found is None or not runtime.interpreted():
         return ""
