@@ -128,6 +128,30 @@ def test_a_kept_backward_gives_the_first_calls_gradients(N):
 
 
 @gpu
+def test_a_kept_backward_keeps_its_column_sums_launch():
+    # A kept backward launches its column sums through the launch it kept with it, not by
+    # looking their layout up again: with every kept column-sums launch forgotten after the
+    # first call, the second gives the same gradients and keeps no new one
+    _forget()
+    x0 = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    w0, dy = torch.randn_like(x0[0]), torch.randn_like(x0)
+    grads = []
+    for call in range(2):
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, torch.zeros_like(w0)))
+        rmsnorm(x, w).backward(dy)
+        layernorm(x, w, b).backward(dy)
+        grads.append((x.grad, w.grad, b.grad))
+        if call == 0:
+            assert len(rmsnorm_module._READY_BACKWARDS) == 1
+            assert len(layernorm_module._READY_BACKWARDS) == 1
+            assert len(column_sums_module._READY) >= 1
+            column_sums_module._READY.clear()
+    assert len(column_sums_module._READY) == 0, "the kept backward looked its sums up again"
+    for a, b_ in zip(*grads, strict=True):
+        assert torch.equal(a, b_), "the kept backward's column sums differ"
+
+
+@gpu
 @pytest.mark.parametrize("N", [4096, 5120])
 def test_a_one_row_backward_is_one_launch_first_and_kept(N):
     # A decode step's single row: its one program writes dW (and dB) in the parameters'

@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solutions.kernels.column_sums import partial_rows, summed
+from solutions.kernels.column_sums import partial_rows, summed, summer
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
 from solutions.kernels.ready_launch import launch_key, ready_launch
@@ -662,8 +662,8 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
 
 
 # Launches kept by the layouts of (x, weight, mean, rstd, dy) and the parameters' dtype
-# (ready_launch.py), with the shape and dtype of their partial sums, and the first kernel's
-# arguments that each call fills in.
+# (ready_launch.py), with the shape and dtype of their partial sums and what adds those up
+# (column_sums.summer); the first kernel's arguments that each call fills in.
 _READY_BACKWARDS: dict = {}
 _BACKWARD_PER_CALL = ("x_ptr", "w_ptr", "dy_ptr", "mean_ptr", "rstd_ptr", "dx_ptr",
                       "partial_ptr")
@@ -677,11 +677,11 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     key = launch_key(x, weight, mean, rstd, dy, param_dtype) if plan is None else None
     kept = _READY_BACKWARDS.get(key)
     if kept is not None:  # these layouts were checked, planned and compiled before
-        ready, partials_shape, partials_dtype, param_dtype = kept
+        ready, partials_shape, partials_dtype, sum_up = kept
         dx = torch.empty_like(x)  # contiguous, as in _forward
         partials = torch.empty(partials_shape, dtype=partials_dtype, device=x.device)
         ready.run(x, dx if weight is None else weight, dy, mean, rstd, dx, partials)
-        sums = summed(partials, param_dtype)
+        sums = sum_up(partials)
         return dx, sums[0], sums[1]
     x2 = as_rows(x)
     dy2 = check_same_rows(x, dy, "dy")
@@ -722,16 +722,16 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
         kernel = layernorm_bwd_loop_kernel
         flags |= dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     compiled = kernel[grid](*args, **flags)
+    sums = summed(partials, param_dtype)
     # kept where a later call can launch the same way: not a split (its exchange slots change
     # every call), nor the loop path (its partial sums start from zeros), and x, dy and the
-    # statistics viewed as rows, not copied
+    # statistics viewed as rows, not copied; with the column sums' launch (kept by `summed`)
     if (key is not None and plan.path in ("rows", "pieces")
             and all(a.data_ptr() == b.data_ptr()
                     for a, b in ((x2, x), (dy2, dy), (mean2, mean), (rstd2, rstd)))):
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
                                               _BACKWARD_PER_CALL),
-                                 partials.shape, partials.dtype, param_dtype)
-    sums = summed(partials, param_dtype)
+                                 partials.shape, partials.dtype, summer(partials, param_dtype))
     return dx.view(x.shape), sums[0], sums[1]
 
 

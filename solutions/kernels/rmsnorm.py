@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solutions.kernels.column_sums import partial_rows, summed
+from solutions.kernels.column_sums import partial_rows, summed, summer
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
 from solutions.kernels.ready_launch import launch_key, ready_launch
@@ -633,7 +633,8 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
 
 
 # Launches kept by the layouts of (x, weight, rstd, dy) (ready_launch.py), with the shape and
-# dtype of their partial sums, and the first kernel's arguments that each call fills in.
+# dtype of their partial sums and what adds those up (column_sums.summer); the first
+# kernel's arguments that each call fills in.
 _READY_BACKWARDS: dict = {}
 _BACKWARD_PER_CALL = ("x_ptr", "w_ptr", "dy_ptr", "rstd_ptr", "dx_ptr", "dw_partial_ptr")
 
@@ -645,11 +646,11 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     key = launch_key(x, weight, rstd, dy) if plan is None else None
     kept = _READY_BACKWARDS.get(key)
     if kept is not None:  # these layouts were checked, planned and compiled before
-        ready, partials_shape, partials_dtype = kept
+        ready, partials_shape, partials_dtype, sums = kept
         dx = torch.empty_like(x)  # contiguous, as in _forward
         partials = torch.empty(partials_shape, dtype=partials_dtype, device=x.device)
         ready.run(x, dx if weight is None else weight, dy, rstd, dx, partials)
-        return dx, summed(partials, weight.dtype)[0] if weight is not None else None
+        return dx, sums(partials)[0] if weight is not None else None
     x2 = as_rows(x)
     dy2 = check_same_rows(x, dy, "dy")
     check_param(x, weight, "weight")
@@ -690,16 +691,17 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
         kernel, args = rmsnorm_bwd_loop_kernel, common
         flags |= dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     compiled = kernel[grid](*args, **flags)
+    dw = summed(partials, weight.dtype)[0] if weight is not None else None
     # kept where a later call can launch the same way: not a split (its exchange slots change
     # every call), nor the loop path (its partial sums start from zeros), and x, dy and rstd
-    # viewed as rows, not copied
+    # viewed as rows, not copied; with the column sums' launch (kept by `summed` above)
     if (key is not None and plan.path in ("rows", "pieces")
             and x2.data_ptr() == x.data_ptr() and dy2.data_ptr() == dy.data_ptr()
             and rstd2.data_ptr() == rstd.data_ptr()):
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
                                               _BACKWARD_PER_CALL),
-                                 partials.shape, partials.dtype)
-    dw = summed(partials, weight.dtype)[0] if weight is not None else None
+                                 partials.shape, partials.dtype,
+                                 summer(partials, weight.dtype if weight is not None else x.dtype))
     return dx.view(x.shape), dw
 
 
