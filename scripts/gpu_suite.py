@@ -14,10 +14,11 @@ its modules again: about 5 s a chapter), with their bin/ on PATH for nbgrader's 
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 
-Within a 10-minute call, split the work (times measured on an H100):
-    --skip-measurements --notebooks 'ch0[0-7]*' --tests <all but test_grader.py>  ~9 min
-    --skip-measurements --notebooks 'ch08*' --tests none                         ~1 min
-    pytest tests/test_grader.py -k test_on_a_gpu -s                              ~6 min
+Within a 10-minute call, split the work. On an H100 (2026-11-28) every test file but
+test_grader.py took more than 9.5 minutes: give them two calls, half the files each. On an
+H200: test_solution_kernels.py with test_ready_launch.py 4 min; notebooks 7 to 19 s a
+chapter, chapter 08 92 s; on an H100, `pytest tests/test_grader.py -k test_on_a_gpu -s`
+about 6 min. Write --out under the call's $OUT: pytest.log is written as the tests run.
 """
 
 from __future__ import annotations
@@ -45,11 +46,14 @@ import triton  # noqa: E402
 EAGER_SHAPES = [(32768, 1024), (16384, 4096), (16384, 8192), (4096, 32768), (1024, 131072)]
 # Everything but what needs a fresh venv; the widget and grader tests need the Jupyter stack
 # too (absent from the bare GPU image: carry its wheels), and join in when it imports.
+# Every file with a test marked `gpu` is in one of the two lists (tests/test_gpu_suite.py).
 GPU_TEST_FILES = ["tests/test_check.py", "tests/test_reference.py", "tests/test_traffic.py",
                   "tests/test_cli.py", "tests/test_runtime.py", "tests/test_bench.py",
                   "tests/test_solution_kernels.py", "tests/test_check_exercises.py",
                   "tests/test_shootout.py", "tests/test_profile_kernels.py",
-                  "tests/test_plain_kernels.py", "tests/test_launch_rule.py"]
+                  "tests/test_plain_kernels.py", "tests/test_launch_rule.py",
+                  "tests/test_ready_launch.py", "tests/test_one_read.py",
+                  "tests/test_backward_diagnoses.py", "tests/test_check_adversarial.py"]
 try:
     import ipywidgets  # noqa: F401
     import nbclient  # noqa: F401
@@ -58,7 +62,8 @@ except ImportError:
     JUPYTER_TEST_FILES: list[str] = []
 else:
     JUPYTER_TEST_FILES = ["tests/test_widgets.py", "tests/test_grader.py",
-                          "tests/test_ch03_exercises.py"]
+                          "tests/test_ch03_exercises.py", "tests/test_verify.py",
+                          "tests/test_check_timed_calls.py", "tests/test_gpu_lane.py"]
 
 
 def header() -> dict:
@@ -71,11 +76,12 @@ def header() -> dict:
 
 def run_pytest(out: Path, files: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                           "--durations=15", *files], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
-    log = proc.stdout + proc.stderr
-    (out / "pytest.log").write_text(log)
+    path = out / "pytest.log"
+    with path.open("w") as log_file:  # written as it runs: a call stopped by its time limit
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p",  # keeps it
+                               "no:cacheprovider", "--durations=15", *files], cwd=ROOT, env=env,
+                              stdout=log_file, stderr=subprocess.STDOUT, text=True)
+    log = path.read_text()
     summary = [line for line in log.splitlines() if " passed" in line or " failed" in line]
     print(log[-3000:])
     return {"returncode": proc.returncode, "summary": summary[-1] if summary else log[-500:]}
