@@ -294,6 +294,8 @@ def test_each_gpu_reads_its_own_table_and_others_none():
         path="rows", block_n=512, num_warps=2, block_m=2)
     assert plan(1024, 131072, residual=True) == ForwardPlan(
         path="split", block_n=8192, num_warps=16, split=16, out_block=8192, reload=False)
+    assert plan(1024, 131072) == ForwardPlan(  # second-pass blocks of 4096 (2026-11-28)
+        path="split", block_n=16384, num_warps=16, split=8, out_block=4096)
     assert plan(1024, 100000, residual=True).split == 32  # measured on full blocks only
     assert plan(4096, 32768, element_size=4) == launch.forward_plan(
         4096, 32768, None, element_size=4, gpu=launch.H100)  # float32 keeps the H100's
