@@ -184,7 +184,15 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = correct(x, weight, rstd, dy)
+        dx, dw = correct(x, weight, rstd, dy.contiguous())  # y.sum()'s dy has strides 0
+        return dx, dw, None
+
+
+class StridedDy(RMSNormFunction):
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = correct(x, weight, rstd, dy)  # kernels that read dy's rows as contiguous
         return dx, dw, None
 
 
@@ -270,4 +278,5 @@ BROKEN_FUNCTIONS = {
     "two_gradients": (TwoGradients, "returned 2 value(s) for 3 inputs"),
     "torch_backward": (TorchBackward, "backward launched no Triton kernel"),
     "swapped_gradients": (SwappedGradients, "Are dx and dw swapped?"),
+    "strided_dy": (StridedDy, "Call dy = dy.contiguous() in backward"),
 }

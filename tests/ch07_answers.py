@@ -312,6 +312,10 @@ MISTAKES: dict[str, Mistake] = {
                        "for partial, out in ((partials[0], dw),):")),
         ("ex07_layernorm_db",), "dB is never computed"),
     # ---- exercise 3
+    "function_dy_not_contiguous": Mistake(
+        "backward hands dy to the kernels as it comes: strides 0 for the gradient of y.sum()",
+        _one(FN, ("dy.contiguous()", "dy")),
+        ("ex07_autograd_correct",), "call .contiguous() first"),
     "function_drops_eps": Mistake(
         "forward calls rmsnorm_forward(x, weight): the eps it was given is dropped",
         _one(FN, ("y, rstd = rmsnorm_forward(x, weight, eps)",

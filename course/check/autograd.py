@@ -60,6 +60,7 @@ class _GradCase:
     case: Case
     x_requires_grad: bool = True
     weight_requires_grad: bool = True
+    dy_strides_zero: bool = False   # dy one value broadcast, as the gradient of y.sum()
 
 
 _CASES = (
@@ -71,6 +72,10 @@ _CASES = (
     # rmsnorm_forward(x, weight) with its default) fails here only.
     _GradCase(Case("custom eps", (4, 64), f32, frozenset({"eps", "pow2"}), scale=0.05,
                    eps=0.01)),
+    # The gradient of y.sum() reaches backward with strides 0: kernels that assume stride 1
+    # along a row need dy.contiguous() first.
+    _GradCase(Case("dy with strides 0, as y.sum() gives", (4, 64), f32, frozenset({"pow2"})),
+              dy_strides_zero=True),
     _GradCase(Case("only x requires grad", (4, 64), f32, frozenset({"pow2"})),
               weight_requires_grad=False),
     _GradCase(Case("only weight requires grad", (4, 64), f32, frozenset({"pow2"})),
@@ -191,6 +196,8 @@ def _checked_case(function_class: type, spec: _GradCase, inputs: Inputs,
     case = spec.case
     x_in, w_in, dy_in = inputs["x"], inputs["weight"], inputs["dy"]
     x, w, dy = x_in.tensor, w_in.tensor, dy_in.tensor
+    if spec.dy_strides_zero:
+        dy = dy.reshape(-1)[:1].reshape((1,) * dy.dim()).expand(dy.shape)
     x.grad = w.grad = None  # a second call on the same tensors must not accumulate
     originals = {"x": x.detach().clone(), "weight": w.detach().clone(),
                  "dy": dy.detach().clone()}
@@ -412,6 +419,19 @@ def probe_repeat(function_class: type, case: Case, seed: int) -> tuple[Finding, 
     return ()
 
 
+def _strides_zero_advice(results: list[CaseResult]) -> list[str]:
+    """The advice for gradients wrong only where dy has strides 0 (the gradient of
+    y.sum()), every other case right; none otherwise."""
+    strides_zero = {spec.case.name for spec in _CASES if spec.dy_strides_zero}
+    wrong = [r for r in results if r.mismatches]
+    if not wrong or any(r.case.name not in strides_zero for r in results if not r.passed):
+        return []
+    return ["Only the case whose dy has strides 0 fails: the gradient of y.sum() is one value "
+            "broadcast over y's shape, and it reaches backward as it is, with no row of "
+            "contiguous values for your kernels to read. Call dy = dy.contiguous() in "
+            "backward, before your kernels (it copies only when dy is not contiguous)."]
+
+
 @learner_facing
 def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
                      quiet: bool = False) -> Report:
@@ -451,7 +471,8 @@ def rmsnorm_autograd(function_class: type, *, seed: int | None = None,
         notes.append("the float64 gradcheck runs once the cases above pass")
     notes += warning_notes(results)
     report = Report("rmsnorm_autograd", seed, results,
-                    advise(results, RMSNORM_BACKWARD.suspects, {**ADVICE, **_ADVICE}), notes)
+                    _strides_zero_advice(results)
+                    + advise(results, RMSNORM_BACKWARD.suspects, {**ADVICE, **_ADVICE}), notes)
     if not report.passed:
         raise AssertionError(report.message())
     if not quiet:
