@@ -10,14 +10,21 @@ interpreter mode.
 A point's time is the median GPU time of one call (`course.bench`, launch hidden, inputs
 rotated past L2) unless its `timer` is "call", which counts the launch too. Bandwidth is
 over the ideal bytes, as a fraction of the copy bandwidth measured in the same process.
+
+Without a GPU a launch rule is judged on these very records, so while the rule is called
+for its grade `reads_watched()` notes every read of them: a call of a function here that
+loads or selects points, any attribute of a `SweepPoint`, and opening a sweep's file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -46,6 +53,47 @@ LAUNCH_FIELDS = ("rows_per_tile", "num_warps", "num_stages", "programs_per_sm", 
 # Small shapes timed with the launch counted: where the host's cost decides.
 CALL_SHAPES = ((1, 4096), (64, 1024), (64, 4096), (1024, 4096))
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+# ------------------------------------------------------------------ reads of the records
+
+# One list per reads_watched() in progress; each read of the records is noted in every one.
+_WATCHES: list[list[str]] = []
+_RECORD_FILES = frozenset(path.name for path in SWEEP_FILES.values())
+_audit_hook_added = False
+
+
+def _note(what: str) -> None:
+    for found in _WATCHES:
+        if what not in found:  # each read once: a loop over the points notes a field once
+            found.append(what)
+
+
+def _audit(event: str, args: tuple) -> None:
+    """Note a sweep's file opened (by open(), pathlib, csv, NumPy, pandas, ...)."""
+    if event == "open" and _WATCHES and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        name = os.path.basename(os.fsdecode(args[0]))
+        if name in _RECORD_FILES:
+            _note(f"the file {name}")
+
+
+@contextlib.contextmanager
+def reads_watched() -> Iterator[list[str]]:
+    """What the body read of the recorded sweeps, each once, in order: "lab_sweeps.best()"
+    for a function that loads or selects points, "SweepPoint.seconds" for an attribute of
+    any SweepPoint (the records, wherever they were kept), "the file lab-sweep-h100.csv"
+    for a sweep's file opened. A tripwire in the process it runs in, as course.verify.tamper
+    is: code written to hide from it can."""
+    global _audit_hook_added
+    if not _audit_hook_added:  # an audit hook stays for the process: added once, if needed
+        sys.addaudithook(_audit)
+        _audit_hook_added = True
+    found: list[str] = []
+    _WATCHES.append(found)
+    try:
+        yield found
+    finally:  # by identity: list.remove would take the first equal list, not this one
+        del _WATCHES[next(i for i, w in enumerate(_WATCHES) if w is found)]
 
 
 def rows_for(n_cols: int) -> int:
@@ -151,6 +199,11 @@ class SweepPoint:
     copy_gbps: float
     status: str            # "ok", or "failed: <why>" (a launch that would not compile)
 
+    def __getattribute__(self, name: str) -> object:
+        if _WATCHES:
+            _note(f"SweepPoint.{name}")
+        return object.__getattribute__(self, name)
+
     @property
     def ok(self) -> bool:
         return self.status == "ok"
@@ -170,6 +223,7 @@ _FLOATS = {"seconds", "fraction_of_copy", "copy_gbps"}
 
 
 def parse(row: Mapping[str, str]) -> SweepPoint:
+    _note("lab_sweeps.parse()")
     values = {}
     for name in COLUMNS:
         text = row[name]
@@ -180,6 +234,7 @@ def parse(row: Mapping[str, str]) -> SweepPoint:
 
 def load(gpu: str) -> tuple[SweepPoint, ...]:
     """Every point recorded on `gpu` (one of GPUS); the file is read once a process."""
+    _note("lab_sweeps.load()")
     if gpu not in GPUS:
         raise ValueError(f"no sweep was recorded on {gpu!r}; recorded: {', '.join(GPUS)}")
     return _read(SWEEP_FILES[gpu])
@@ -187,6 +242,7 @@ def load(gpu: str) -> tuple[SweepPoint, ...]:
 
 @functools.cache
 def _read(path: Path) -> tuple[SweepPoint, ...]:
+    _note("lab_sweeps._read()")  # the first time only (then the cache answers)
     with path.open(newline="") as f:
         return tuple(parse(row) for row in csv.DictReader(f))
 
@@ -201,6 +257,7 @@ def write(points: Iterable[SweepPoint], path: Path) -> None:
 
 def select(points: Iterable[SweepPoint], **field_values) -> list[SweepPoint]:
     """The points whose fields equal every value given (e.g. n_cols=4096, timer="gpu")."""
+    _note("lab_sweeps.select()")
     unknown = set(field_values) - set(COLUMNS)
     if unknown:
         raise ValueError(f"a sweep point has no field {', '.join(sorted(unknown))}")
@@ -211,12 +268,14 @@ def sweep_at(points: Iterable[SweepPoint], n_cols: int, dtype: str = "bfloat16"
              ) -> list[SweepPoint]:
     """Chapter 08's launches recorded at the sweep's shape of `n_cols` columns (GPU time):
     not the small shapes timed for the host's cost."""
+    _note("lab_sweeps.sweep_at()")
     return select(points, impl="lab", timer="gpu", n_rows=rows_for(n_cols), n_cols=n_cols,
                   dtype=dtype)
 
 
 def best(points: Sequence[SweepPoint], n_cols: int, dtype: str = "bfloat16") -> SweepPoint:
     """The fastest launch of chapter 08's kernels recorded at `n_cols` (GPU time)."""
+    _note("lab_sweeps.best()")
     timed = [p for p in sweep_at(points, n_cols, dtype) if p.ok]
     if not timed:
         raise ValueError(f"nothing was recorded at N = {n_cols} in {dtype}")
@@ -226,6 +285,7 @@ def best(points: Sequence[SweepPoint], n_cols: int, dtype: str = "bfloat16") -> 
 def find(points: Sequence[SweepPoint], n_cols: int, dtype: str, launch_: object
          ) -> SweepPoint | None:
     """The recorded point of `launch_` (a Launch or its fields) at `n_cols`, if any."""
+    _note("lab_sweeps.find()")
     wanted = normalized(launch_fields(launch_))
     for p in sweep_at(points, n_cols, dtype):
         if p.launch == wanted:

@@ -736,16 +736,33 @@ def ch03_submissions() -> list[Submission]:
     ]
 
 
+# A rule that looks the best recorded launch up wherever the sweeps recorded the row length
+# (the model rule elsewhere, so that every shape the correctness checks try gets a launch).
+CH08_LOOKS_UP = """\
+    recorded = lab_sweeps.BF16_COLS if element_size == 2 else lab_sweeps.FP32_COLS
+    if n_cols in recorded:
+        dtype = "bfloat16" if element_size == 2 else "float32"
+        return Launch(**lab_sweeps.best(sweeps["H100"], n_cols, dtype).launch)
+"""
+
+
 def ch08_submissions() -> list[Submission]:
-    """The correct chapter 08, and a launch rule tuned for one row length: the launch that
-    wins at 4096 columns, everywhere. Its correctness cells keep their points (the kernel
-    is right at any launch that compiles); the launch rule's cell loses them."""
+    """The correct chapter 08; a launch rule tuned for one row length: the launch that
+    wins at 4096 columns, everywhere; and a rule that looks the recorded best launch up,
+    which the recorded sweeps would judge perfect. The correctness cells keep their points
+    (the kernel is right at any launch that compiles); the launch rule's cell loses them."""
     code = solutions(ROOT, "ch08_performance_lab")["ex08_tuned_rmsnorm_code"]
     head, rest = code.split("    block_n = triton.next_power_of_2(n_cols)\n", 1)
     one_shape = head + "    return Launch(num_warps=8)\n\n\n" + rest[rest.index("def rmsnorm("):]
+    looks_up = head + CH08_LOOKS_UP + "    block_n = triton.next_power_of_2(n_cols)\n" + rest
     return [
         Submission("correct", "ch08_performance_lab"),
         Submission("one_shape", "ch08_performance_lab", "a launch rule tuned for 4096 columns",
                    {"ex08_tuned_rmsnorm_code": one_shape}, ("ex08_launch_rule",),
                    "Your launch rule falls short at bfloat16 N = 512"),
+        Submission("looks_up", "ch08_performance_lab",
+                   "a launch rule that looks the best launch up in the recorded sweeps",
+                   {"ex08_tuned_rmsnorm_code": looks_up}, ("ex08_launch_rule",),
+                   "Your choose_launch reads the recorded sweeps: choose_launch(131072, 512, 2) "
+                   "(bfloat16) read lab_sweeps.best()"),
     ]

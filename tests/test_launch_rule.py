@@ -148,6 +148,137 @@ def test_a_launch_the_sweeps_did_not_time_fails_with_the_reason():
     assert "not among the recorded launches" in str(failed.value)
 
 
+def chapter_08() -> dict:
+    """The chapter's Launch (which refuses a chunk_n that is not a power of two) and its
+    model answer, choose_launch, from the source notebook's cells."""
+    import nbformat
+    import triton
+
+    cells = {c.get("id"): c.source for c in nbformat.read(
+        ROOT / "solutions" / "ch08_performance_lab" / "ch08_performance_lab.ipynb",
+        as_version=4).cells}
+    scope = {"triton": triton}
+    for cell_id in ("launch-class", "exercise-code"):
+        exec(compile(cells[cell_id], f"ch08 {cell_id}", "exec"), scope)
+    return scope
+
+
+SWEEPS = {gpu: lab_sweeps.load(gpu) for gpu in lab_sweeps.GPUS}  # as the chapter loads them
+
+
+def _dtype(element_size: int) -> str:
+    return "bfloat16" if element_size == 2 else "float32"
+
+
+def looks_up_best(n_rows, n_cols, element_size):
+    return Launch(**lab_sweeps.best(SWEEPS["H100"], n_cols, _dtype(element_size)).launch)
+
+
+def looks_up_with_find(n_rows, n_cols, element_size):  # the fastest of the chapter's grid
+    launches = lab_sweeps.tile_launches(n_cols) + lab_sweeps.chunked_launches(n_cols)
+    found = [lab_sweeps.find(SWEEPS["H200"], n_cols, _dtype(element_size), f) for f in launches]
+    return Launch(**min((p for p in found if p and p.ok), key=lambda p: p.seconds).launch)
+
+
+def reads_the_sweeps_dict(n_rows, n_cols, element_size):  # no function of lab_sweeps
+    points = [p for p in SWEEPS["H100"] if p.n_cols == n_cols and p.impl == "lab"
+              and p.timer == "gpu" and p.dtype == _dtype(element_size) and p.ok]
+    b = min(points, key=lambda p: p.seconds)
+    return Launch(b.rows_per_tile, b.num_warps, b.num_stages, b.programs_per_sm, b.chunk_n)
+
+
+def reads_the_csv(n_rows, n_cols, element_size):  # the file itself, as text
+    import csv
+
+    with open(lab_sweeps.DATA / "lab-sweep-h200.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if (r["impl"], r["timer"], r["dtype"], r["n_cols"])
+                == ("lab", "gpu", _dtype(element_size), str(n_cols)) and r["status"] == "ok"]
+    b = min(rows, key=lambda r: float(r["seconds"]))
+    return Launch(**{name: int(b[name]) for name in lab_sweeps.LAUNCH_FIELDS})
+
+
+@recorded_only
+@pytest.mark.parametrize("rule, read", [
+    (looks_up_best, "lab_sweeps.best()"),
+    (looks_up_with_find, "lab_sweeps.find()"),
+    (reads_the_sweeps_dict, "the recorded points' .n_cols"),
+    (reads_the_csv, "the file lab-sweep-h200.csv"),
+])
+def test_a_rule_that_reads_the_recorded_sweeps_is_refused(rule, read):
+    # Judged on the records it reads, each would pass at every shape, the hidden ones too.
+    with pytest.raises(AssertionError) as refused:
+        lab.launch_rule(rule, no_kernel, shapes=hidden_shapes())
+    message = str(refused.value)
+    dtype, n_rows, n_cols = hidden_shapes()[0]  # refused at the first shape
+    assert message.startswith("Your choose_launch reads the recorded sweeps: choose_launch("
+                              f"{n_rows}, {n_cols}, 2) ({dtype}) read "), message
+    assert read in message and lab.READS_RECORDS_ADVICE in message, message
+    # Reading them outside choose_launch (as the chapter's cells do) is what the text asks.
+    assert lab_sweeps.best(SWEEPS["H100"], 3072).ok
+
+
+@recorded_only
+def test_the_chapters_model_rule_reads_nothing_and_passes_every_shape():
+    choose_launch = chapter_08()["choose_launch"]
+    for shapes in (lab.DEFAULT_RULE_SHAPES, hidden_shapes(), SHAPES):
+        assert lab.launch_rule(choose_launch, no_kernel, shapes=shapes, quiet=True).passed
+
+
+def test_reads_are_watched_only_inside_the_watch_and_each_is_noted_once():
+    with lab_sweeps.reads_watched() as outer:
+        with lab_sweeps.reads_watched() as inner:
+            assert lab_sweeps.next_power_of_2(3000) == 4096  # the grid's arithmetic: no read
+            [p.n_cols for p in SWEEPS["H100"][:3]]
+        lab_sweeps.sweep_at(SWEEPS["H200"], 512)
+    assert inner == ["SweepPoint.n_cols"]
+    assert outer == ["SweepPoint.n_cols", "lab_sweeps.sweep_at()", "lab_sweeps.select()",
+                     "SweepPoint.impl", "SweepPoint.timer", "SweepPoint.n_rows",
+                     "SweepPoint.dtype"]
+    with lab_sweeps.reads_watched() as after:
+        pass
+    assert after == [] and not lab_sweeps._WATCHES
+
+
+@recorded_only
+def test_a_launch_the_chapters_launch_refuses_fails_its_shape_with_the_reason():
+    launch = chapter_08()["Launch"]
+
+    def quarter_rows(n_rows, n_cols, element_size):  # chunk_n must be a power of two
+        return launch(num_warps=8, chunk_n=n_cols // 4)
+
+    with pytest.raises(AssertionError) as failed:
+        lab.launch_rule(quarter_rows, no_kernel, shapes=[("bfloat16", 2720, 24576)])
+    message = str(failed.value)
+    assert ("choose_launch(2720, 24576, 2) raised ValueError: chunk_n must be 0 or a power of "
+            "two, got 6144. A rule must return a valid Launch at every shape") in message
+    assert "falls short at bfloat16 N = 24576. At bfloat16 N = 24576 your choose_launch " \
+        "raised instead of returning a Launch" in message, message
+
+
+def test_on_a_gpu_the_rule_is_asked_too_before_anything_is_timed(monkeypatch):
+    timed = []
+
+    def measured(rmsnorm, dtype, n_rows, n_cols, recorded, **_):
+        timed.append(n_cols)
+        return lab.RuleShape(dtype, n_rows, n_cols, None, 1.0, 0.5, "timed")
+
+    monkeypatch.setattr(lab.runtime, "on_gpu", lambda: True)
+    monkeypatch.setattr(lab, "_measured_row", measured)
+    monkeypatch.setattr(lab.torch.cuda, "get_device_name", lambda: "a GPU")
+    with pytest.raises(AssertionError, match="reads the recorded sweeps"):
+        lab.launch_rule(looks_up_best, no_kernel)
+    assert timed == []
+
+    def raises_at_4096(n_rows, n_cols, element_size):
+        if n_cols == 4096:
+            raise KeyError(n_cols)
+        return Launch()
+
+    with pytest.raises(AssertionError, match=r"choose_launch\(16384, 4096, 2\) raised KeyError"):
+        lab.launch_rule(raises_at_4096, no_kernel)
+    assert timed == [512, 65536, 1536]
+
+
 @recorded_only
 def test_bad_rules_and_shapes_get_clear_errors():
     with pytest.raises(AssertionError, match=r"returned 3, not a Launch"):
@@ -171,20 +302,40 @@ def test_a_launch_travels_from_the_learners_process_as_its_fields():
     assert learner._plain_fields(dataclasses.make_dataclass("Holder", ["fn"])(print)) is None
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(course.on_gpu(), reason="the points without a GPU (the rule is judged on "
-                    "the recorded sweeps there)")
-def test_a_rule_tuned_for_one_shape_loses_the_launch_rule_cell_only(tmp_path):
-    """Graded as `make autograde` grades it: the verifier, the learner's code in a process
-    of its own, the Launch coming back as its fields."""
+def _verified_ch08(student: str, tmp_path: Path):
+    """The verdict on chapter 08's submission `student` (tests/grader_submissions.py),
+    checked to lose exactly its launch rule's points; the cell it lost."""
     from grader_submissions import ch08_submissions, expected_points, verified
 
-    sub = next(s for s in ch08_submissions() if s.student == "one_shape")
+    sub = next(s for s in ch08_submissions() if s.student == student)
     verdict = verified(sub, tmp_path)
     got = {c.grade_id: c.points for c in verdict.cells}
     assert got == expected_points(ROOT, sub), (sub.what, verdict.to_json()[:4000])
     lost = next(c for c in verdict.cells if c.grade_id == "ex08_launch_rule")
-    assert sub.reason in lost.reason and "1 row(s) per tile, 8 warps" in lost.reason, lost.reason
+    assert sub.reason in lost.reason, lost.reason
+    return lost
+
+
+without_a_gpu = pytest.mark.skipif(course.on_gpu(), reason="the points without a GPU (the rule "
+                                   "is judged on the recorded sweeps there)")
+
+
+@pytest.mark.slow
+@without_a_gpu
+def test_a_rule_tuned_for_one_shape_loses_the_launch_rule_cell_only(tmp_path):
+    """Graded as `make autograde` grades it: the verifier, the learner's code in a process
+    of its own, the Launch coming back as its fields."""
+    lost = _verified_ch08("one_shape", tmp_path)
+    assert "1 row(s) per tile, 8 warps" in lost.reason, lost.reason
+
+
+@pytest.mark.slow
+@without_a_gpu
+def test_a_rule_that_looks_the_records_up_loses_the_launch_rule_cell_only(tmp_path):
+    """The rule reads the chapter's `sweeps` in the learner's process: the reads come back
+    to the verifier (guards.READS_RECORDS), which refuses the rule."""
+    lost = _verified_ch08("looks_up", tmp_path)
+    assert "the recorded points' .impl" in lost.reason, lost.reason
 
 
 @pytest.mark.gpu

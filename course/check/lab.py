@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from course import baselines, bench, lab_sweeps, reference, runtime, traffic
+from course.check import guards
 from course.check.bandwidth import CallSpec, check_watched_call, measure_checked, resolve_on_cpu
 from course.check.learner_facing import learner_facing
 from course.check.rmsnorm import RMSNORM_FORWARD
@@ -322,9 +323,60 @@ def _why_not_recorded(fields: dict, n_cols: int) -> str:
             f"{lab_sweeps.WARPS}")
 
 
+# What a rule that reads the records is told (they are what it would be judged on).
+READS_RECORDS_ADVICE = (
+    "Without a GPU the rule is judged on those very records, so a choose_launch that looks "
+    "its launch up in them would pass without having learned anything from them: when it is "
+    "called, it must not read them. Read them as much as you like in cells of your own while "
+    "you build the rule (lab_sweeps.best, lab_sweeps.sweep_at, the plots), then write down "
+    "what they taught as the rule itself: several rows a tile for short rows, warps that "
+    "give each thread 8 to 64 values, the chunked kernel once a row no longer fits a "
+    "program's registers.")
+
+
+def _reads(read: list[str]) -> str:
+    """The reads lab_sweeps.reads_watched noted, in a sentence."""
+    named = [r for r in read if not r.startswith("SweepPoint.")]
+    fields = [r.removeprefix("SweepPoint") for r in read if r.startswith("SweepPoint.")]
+    parts = named[:4] + ([f"{len(named) - 4} more of lab_sweeps"] if len(named) > 4 else [])
+    if fields:
+        parts.append("the recorded points' " + ", ".join(fields[:5])
+                     + (f" (and {len(fields) - 5} more fields)" if len(fields) > 5 else ""))
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+
+
+def _ask_rule(choose_launch: Callable, dtype: str, n_rows: int, n_cols: int
+              ) -> tuple[object, str]:
+    """What `choose_launch` returned at one shape, or why it returned nothing (it raised).
+    The call is watched for reads of the recorded sweeps, here and, for a function that
+    runs in the learner's process (course.verify), there (guards.READS_RECORDS): a rule
+    that reads them fails the whole check."""
+    element_size = _TORCH_DTYPES[dtype].itemsize
+    call = f"choose_launch({n_rows}, {n_cols}, {element_size})"
+    there: list[str] = []
+    chosen, raised = None, ""
+    with lab_sweeps.reads_watched() as here, guards.guarded(guards.READS_RECORDS, there):
+        try:
+            chosen = choose_launch(n_rows, n_cols, element_size)
+        except Exception as error:  # the learner's code: a line of the report
+            raised = (f"{call} raised {type(error).__name__}: {error}. A rule must return "
+                      "a valid Launch at every shape, whatever the row length.")
+    read = list(dict.fromkeys([*here, *there]))
+    if read:
+        raise AssertionError(f"Your choose_launch reads the recorded sweeps: {call} "
+                             f"({dtype}) read {_reads(read)}. {READS_RECORDS_ADVICE}")
+    return chosen, raised
+
+
+def _failed_call(dtype: str, n_rows: int, n_cols: int, raised: str) -> RuleShape:
+    return RuleShape(dtype, n_rows, n_cols, None, 0.0, 0.0, "-", raised)
+
+
 def _recorded_row(choose_launch: Callable, dtype: str, n_rows: int, n_cols: int,
                   recorded: dict) -> RuleShape:
-    chosen = choose_launch(n_rows, n_cols, _TORCH_DTYPES[dtype].itemsize)
+    chosen, raised = _ask_rule(choose_launch, dtype, n_rows, n_cols)
+    if raised:
+        return _failed_call(dtype, n_rows, n_cols, raised)
     try:
         fields = lab_sweeps.normalized(lab_sweeps.launch_fields(chosen))
     except TypeError as error:
@@ -384,6 +436,9 @@ def launch_rule(choose_launch: Callable, rmsnorm: Callable, *,
     again, up to `retries` times. Without a GPU: ask `choose_launch(n_rows, n_cols,
     element_size)` for its launch and look it up in the recorded sweeps: on every recorded
     GPU it must be at least OF_BEST_RECORDED as fast as the best launch recorded there.
+    Either way `choose_launch` is asked at each shape first, watched: a rule that reads the
+    recorded sweeps while it is called is refused at once (without a GPU it would be judged
+    on what it read), and a shape where it raises fails with what it raised.
     Raise AssertionError with the table when a shape fails; return the table."""
     for name, fn in (("choose_launch", choose_launch), ("rmsnorm", rmsnorm)):
         if not callable(fn):
@@ -391,19 +446,27 @@ def launch_rule(choose_launch: Callable, rmsnorm: Callable, *,
     checked = _rule_shapes(shapes)
     recorded = {gpu: lab_sweeps.load(gpu) for gpu in lab_sweeps.GPUS}
     if runtime.on_gpu():
-        rows = [_measured_row(rmsnorm, *shape, recorded, retries=retries, reps=reps)
-                for shape in checked]
+        # The rule is asked first, as it is without a GPU: one that reads the records, or
+        # raises, gets the same verdict on either (the timing then runs rmsnorm).
+        asked = [_ask_rule(choose_launch, *shape)[1] for shape in checked]
+        rows = [_failed_call(*shape, raised) if raised else
+                _measured_row(rmsnorm, *shape, recorded, retries=retries, reps=reps)
+                for shape, raised in zip(checked, asked, strict=True)]
         report = RuleReport("measured", tuple(rows))
     else:
         rows = [_recorded_row(choose_launch, *shape, recorded) for shape in checked]
         report = RuleReport("recorded", tuple(rows))
     if not report.passed:
         failed = ", ".join(f"{r.dtype} N = {r.n_cols}" for r in report.rows if not r.passed)
+        raised = ", ".join(f"{r.dtype} N = {r.n_cols}" for r in report.rows
+                           if r.launch is None and r.problem)  # (only _failed_call's rows)
+        raised = (f" At {raised} your choose_launch raised instead of returning a Launch "
+                  "(the table says what it raised)." if raised else "")
         raise AssertionError(
-            f"{report}\n\nYour launch rule falls short at {failed}. The sweeps (the chapter's "
-            "experiments, course.lab_sweeps) show what wins at each row length: several rows "
-            "a tile for short rows, warps that give each thread 8 to 64 values, the chunked "
-            "kernel once a row no longer fits a program's registers.")
+            f"{report}\n\nYour launch rule falls short at {failed}.{raised} The sweeps (the "
+            "chapter's experiments, course.lab_sweeps) show what wins at each row length: "
+            "several rows a tile for short rows, warps that give each thread 8 to 64 values, "
+            "the chunked kernel once a row no longer fits a program's registers.")
     if not quiet:
         print(report)
     return report

@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 # `course` first: importing it picks the mode (GPU or Triton's interpreter).
 import course.check  # noqa: F401  (every checker module, in the snapshot below)
-from course import bench, hardware, reference, runtime, traffic  # noqa: F401  (likewise)
+from course import bench, hardware, lab_sweeps, reference, runtime, traffic  # noqa: F401
 from course.check import guards, sandbox
 from course.check.roofline import _traffic_calls
 from course.check.runner import explain_error
@@ -307,6 +307,8 @@ class Server:
                         stack.enter_context(_RefuseBuiltInRMSNorm())
                     elif name == guards.TRAFFIC_CALLS:
                         sinks[name] = stack.enter_context(_traffic_calls())
+                    elif name == guards.READS_RECORDS:
+                        sinks[name] = stack.enter_context(lab_sweeps.reads_watched())
                 record = stack.enter_context(sandbox.watch(
                     track_changes=message.get("track_changes", True), tracer=tracer))
                 result = body()
