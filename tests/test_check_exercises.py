@@ -298,6 +298,27 @@ def test_a_ridge_function_that_calls_course_traffic_fails_even_when_right():
         check.ridge_point(ridge_from_the_model, regime, seed=0, quiet=True)
 
 
+@pytest.mark.slow
+def test_a_wrong_ridge_graded_by_the_verifier_loses_its_own_cell_only(tmp_path):
+    """Chapter 02 graded as the autograder grades it (course.verify): the learner's two
+    functions in their own process, the check here; an inverted ridge, and a regime built
+    on it, cost the ridge's cell and nothing else, with the check's own diagnosis."""
+    from grader_submissions import ROOT, Submission, expected_points, solutions, verified
+
+    answer = solutions(ROOT, "ch02_roofline")["ex02_ridge_point_code"]
+    assert answer.count("return peak_flops / bytes_per_s") == 1
+    inverted = answer.replace("return peak_flops / bytes_per_s",
+                              "return bytes_per_s / peak_flops")
+    sub = Submission("mistakes_a", "ch02_roofline", "the ridge point inverted",
+                     {"ex02_ridge_point_code": inverted}, ("ex02_ridge_point",),
+                     "your ratio is inverted")
+    verdict = verified(sub, tmp_path)
+    got = {c.grade_id: c.points for c in verdict.cells}
+    assert got == expected_points(ROOT, sub), verdict.to_json()[:4000]
+    reason = next(c.reason for c in verdict.cells if c.grade_id == "ex02_ridge_point")
+    assert sub.reason in reason and "its answers follow your ridge_point" in reason, reason
+
+
 # --------------------------------------------------------------------------- chapter 03
 
 def test_two_pass_kernel_passes_rows_far_longer_than_a_block():

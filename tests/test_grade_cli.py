@@ -240,7 +240,8 @@ def test_a_real_chapter_answered_with_its_solutions_gets_every_point(tmp_path):
     report = grade_notebook(_write(tmp_path, released, f"{chapter}.ipynb"))
     assert grade.DEFAULT_COURSE_ROOT == ROOT
     assert {s.grade_id: s.points for s in report.scores} == {
-        "ex02_roofline_functions": 4, "ex02_roofline_functions_hidden": 2}
+        "ex02_ridge_point": 2, "ex02_roofline_functions": 4,
+        "ex02_roofline_functions_hidden": 2}
     assert report.chapter == chapter and report.full_marks
 
 
