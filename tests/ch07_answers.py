@@ -145,6 +145,9 @@ LN = "ex07_layernorm_kernel"
 LN_WRAP = "ex07_layernorm_wrapper"
 FN = "ex07_autograd_function"
 LOOP_HINT = "difference between Triton's interpreter and a GPU"
+# dy's rows stepped through with x's row stride, in any of the three kernels that read dy
+DY_WITH_X_STRIDE = ("dy = tl.load(dy_ptr + row * stride_dy_row",
+                    "dy = tl.load(dy_ptr + row * stride_x_row")
 
 MISTAKES: dict[str, Mistake] = {
     # ---- the warm-up
@@ -169,6 +172,10 @@ MISTAKES: dict[str, Mistake] = {
              ("        x = tl.load(x_ptr + row * stride_x_row",
               "        row = row.to(tl.int64)\n        x = tl.load(x_ptr + row * stride_x_row")),
         ("ex07_row_dots",), LOOP_HINT),
+    "row_dots_dy_read_with_x_stride": Mistake(
+        "dy's rows stepped through with x's row stride",
+        _one(ROW, DY_WITH_X_STRIDE),
+        ("ex07_row_dots",), "dy's N + 20"),
     # ---- the split rule
     "split_two_per_sm": Mistake(
         "two programs per SM whatever N: too few for short rows",
@@ -265,8 +272,7 @@ MISTAKES: dict[str, Mistake] = {
         ("ex07_backward_dw",), "dW is summed from g = weight * dy"),
     "dy_read_with_x_stride": Mistake(
         "dy's rows stepped through with x's row stride",
-        _one(K1, ("dy = tl.load(dy_ptr + row * stride_dy_row",
-                  "dy = tl.load(dy_ptr + row * stride_x_row")),
+        _one(K1, DY_WITH_X_STRIDE),
         ("ex07_backward_dx", "ex07_backward_dw"), "dy's N + 20"),
     # ---- exercise 2: LayerNorm
     "ln_dx_without_weight": Mistake(
@@ -280,8 +286,7 @@ MISTAKES: dict[str, Mistake] = {
         more={"ex07_layernorm_dw": "dW is summed from x * rstd"}),
     "ln_dy_read_with_x_stride": Mistake(
         "LayerNorm's dy rows stepped through with x's row stride",
-        _one(LN, ("dy = tl.load(dy_ptr + row * stride_dy_row",
-                  "dy = tl.load(dy_ptr + row * stride_x_row")),
+        _one(LN, DY_WITH_X_STRIDE),
         ("ex07_layernorm_dx", "ex07_layernorm_dw", "ex07_layernorm_db"), "dy's N + 20"),
     "ln_without_mean_g": Mistake(
         "LayerNorm's dx without -mean(g)",
