@@ -176,6 +176,10 @@ MISTAKES: dict[str, Mistake] = {
         "dy's rows stepped through with x's row stride",
         _one(ROW, DY_WITH_X_STRIDE),
         ("ex07_row_dots",), "dy's N + 20"),
+    "row_dots_c_at_pid": Mistake(
+        "c stored at c_ptr + pid: each program writes all its rows' c into one place",
+        _one(ROW, ("tl.store(c_ptr + row,", "tl.store(c_ptr + pid,")),
+        ("ex07_row_dots",), "store it at c_ptr + row"),
     # ---- the split rule
     "split_two_per_sm": Mistake(
         "two programs per SM whatever N: too few for short rows",

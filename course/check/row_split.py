@@ -130,6 +130,28 @@ def _like(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(((got.double() - want).abs() <= 1e-3 * scale + 1e-2 * want.abs() + 1e-6).all())
 
 
+def _stored_at_pid(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """c[0..programs-1] hold one row of each block (the last stored wins), the rest still
+    NaN: every row's c was stored at c_ptr + pid."""
+    per, programs = blocks(case.rows, PROGRAMS[case.name])
+    if per < 2:
+        return None
+    c = _rows(got)
+    nan = torch.isnan(c)
+    if not bool(nan[programs:].all()) or bool(nan[:programs].any()):
+        return None
+    want = _row_values(t)
+    held = []  # for each program, the row of its block whose c it left at c[pid]
+    for pid in range(programs):
+        rows = range(pid * per, min((pid + 1) * per, case.rows))
+        row = next((r for r in rows if _like(c[pid:pid + 1], want[r:r + 1])), None)
+        if row is None:
+            return None
+        held.append(row)
+    return (f"only rows 0..{programs - 1} were written, one per program, and row 0 holds "
+            f"the c of row {held[0]}, in program 0's block of rows 0..{per - 1}")
+
+
 def _tail_never_written(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
     """Rows k..M-1 never written and the rows before right: the blocks do not reach the
     last row (rows per program rounded down, or too few programs launched)."""
@@ -145,6 +167,12 @@ def _tail_never_written(t: Tensors, case: Case, got: torch.Tensor) -> str | None
 
 
 SUSPECTS = (
+    Suspect("c_stored_at_pid", "c",
+            "Each program stored every row's c in one place, at c_ptr + pid: row pid of c "
+            "holds the last row of its block, written over the others, and the rows past "
+            "the number of programs were never written. c has one value per row: store it "
+            "at c_ptr + row, with row the loop variable.",
+            matches=_stored_at_pid),
     Suspect("c_first_row_only", "c",
             "Each program handled only the first row of its block: the loop over the rows "
             "runs once. Program pid owns rows first = pid * rows_per_program up to "
