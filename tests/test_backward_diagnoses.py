@@ -131,6 +131,23 @@ def test_split_rule_accepts_a_rule_within_the_tolerance_and_says_which_shape_fai
     assert "At M = 1152000, N = 384 with 132 SMs your rule gives P = 132" in str(failure.value)
 
 
+def test_too_few_programs_is_explained_by_the_length_of_the_rows():
+    def one_per_sm(m: int, n: int, sms: int) -> int:
+        return min(m, sms)
+
+    def half_the_sms(m: int, n: int, sms: int) -> int:
+        return min(m, max(1, sms // 2))
+
+    with pytest.raises(AssertionError) as short:  # rows of 384: too few programs per SM
+        check.split_rule(one_per_sm, shapes=[(1152000, 384, 132)], random_shapes=0, seed=0)
+    assert "Short rows need many programs per SM" in str(short.value), short.value
+    with pytest.raises(AssertionError) as long:  # rows of 16384: SMs without a program
+        check.split_rule(half_the_sms, shapes=[(8192, 16384, 132)], random_shapes=0, seed=0)
+    message = str(long.value)
+    assert "Short rows" not in message, message
+    assert "66 of the 132 SMs have no program at all" in message, message
+
+
 def test_row_blocks_cover_every_row_once():
     for m in range(1, 40):
         for p in range(1, 45):

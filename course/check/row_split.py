@@ -341,8 +341,19 @@ def _judge(m: int, n: int, sms: int, got: object) -> SplitVerdict:
                f"({traffic.ELEMENTS_IN_FLIGHT_PER_SM} each) and at least one program each: "
                f"the model gives them {100 * min(1.0, got / sms, in_flight / needed):.0f} % "
                "of the bandwidth. ")
-        why += (f"With only {m} rows, every row can have a program of its own (P = M)."
-                if best == m else "Short rows need many programs per SM.")
+        if best == m:
+            why += f"With only {m} rows, every row can have a program of its own (P = M)."
+        elif best == sms:
+            idle = sms - got
+            why += (f"A row of {n} elements is enough in flight for an SM, so one program "
+                    f"per SM would fill the GPU, but {idle} of the {sms} SMs "
+                    + ("has" if idle == 1 else "have") + " no program at all: long rows "
+                    "need at least one program per SM, P >= sms.")
+        else:
+            per_sm = math.ceil(traffic.ELEMENTS_IN_FLIGHT_PER_SM / n)
+            why += (f"Short rows need many programs per SM: rows of {n} elements need "
+                    f"{per_sm} programs on each SM to keep "
+                    f"{traffic.ELEMENTS_IN_FLIGHT_PER_SM} elements in flight there.")
     else:
         workspace = 8 * got * n
         ideal = traffic.ideal_backward_bytes(m, n, "bf16")
