@@ -186,6 +186,12 @@ MISTAKES: dict[str, Mistake] = {
         _one(SPLIT, ("return min(M, max(sms, triton.cdiv(traffic.ELEMENTS_IN_FLIGHT_PER_SM * "
                      "sms, N)))", "return min(M, 2 * sms)")),
         ("ex07_split_rule",), "too few programs", exclusive=False),
+    "split_without_one_per_sm": Mistake(
+        "no max(sms, ...): long rows get fewer programs than SMs",
+        _one(SPLIT, ("return min(M, max(sms, triton.cdiv(traffic.ELEMENTS_IN_FLIGHT_PER_SM * "
+                     "sms, N)))",
+                     "return min(M, triton.cdiv(traffic.ELEMENTS_IN_FLIGHT_PER_SM * sms, N))")),
+        ("ex07_split_rule",), "long rows need at least one program per SM", exclusive=False),
     "split_one_row_each": Mistake(
         "one program per row",
         _one(SPLIT, ("return min(M, max(sms, triton.cdiv(traffic.ELEMENTS_IN_FLIGHT_PER_SM * "

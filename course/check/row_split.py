@@ -247,8 +247,11 @@ def row_dots(fn: Callable, *, seed: int | None = None, quiet: bool = False) -> R
 SPLIT_TOLERANCE = 1.25  # a split within 25 % of the best split's time in the model passes
 
 # Shapes every check tries: the torch.compile study's 1152000 x 384 (short rows: many
-# programs), the chapter's 16384 x 4096, few long rows, fewer rows than SMs.
-SPLIT_SHAPES = ((1152000, 384, 132), (16384, 4096, 132), (512, 8192, 132), (64, 1024, 132))
+# programs), the chapter's 16384 x 4096, few long rows, rows longer than an SM's share of
+# elements in flight (one program per SM binds: a rule without it gives half the SMs
+# none), fewer rows than SMs.
+SPLIT_SHAPES = ((1152000, 384, 132), (16384, 4096, 132), (512, 8192, 132),
+                (8192, 16384, 132), (64, 1024, 132))
 # SM counts of GPUs a learner may meet (T4 40, L4 58, A10 72, A100 108, H100 132, ...).
 _SM_COUNTS = (1, 4, 20, 40, 58, 72, 80, 108, 114, 132, 144, 170)
 
