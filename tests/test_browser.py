@@ -31,6 +31,13 @@ CHAPTERS = ("ch02_roofline", "ch04_fused", "ch07_backward")
 RELEASE_CH04 = "notebooks/ch04_fused/ch04_fused.ipynb"
 SOURCE_CH04 = "solutions/ch04_fused/ch04_fused.ipynb"
 RELEASE_CH02 = "notebooks/ch02_roofline/ch02_roofline.ipynb"
+RIDGE_ANSWER = """def ridge_point(peak_flops, bytes_per_s):
+    return peak_flops / bytes_per_s
+
+
+def regime(intensity, peak_flops, bytes_per_s):
+    return "memory" if intensity < ridge_point(peak_flops, bytes_per_s) else "compute"
+"""
 RELEASE_CH07 = "notebooks/ch07_backward/ch07_backward.ipynb"
 
 CHROMIUM = shutil.which("chromium")  # Debian's; Ubuntu's chromium-browser is a snap stub
@@ -391,6 +398,8 @@ def test_source_notebook_runs_to_its_calculator_and_its_solution_passes(open_not
 
 def test_chapter_02_widgets_fit_a_small_screen(open_notebook, artifacts):
     page = open_notebook(RELEASE_CH02, viewport=NARROW_VIEWPORT)
+    # Exercise 2a (the ridge point) lies above: answered first, as a learner would
+    replace_source(page, cell_with(page, "def ridge_point("), RIDGE_ANSWER)
     explorer_cell = cell_with(page, "widgets.roofline_explorer()")
     run_all_above(page, explorer_cell, last_above=cell_with(page, "times = {}"))
     assert_no_tracebacks(page)
