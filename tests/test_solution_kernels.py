@@ -29,7 +29,12 @@ from solutions.kernels.launch_plans import (
     Variant,
     stated_multiple_of,
 )
-from solutions.kernels.layernorm import PARAMS_FIRST_MAX_N, SHIFTED_MAX_N, layernorm_backward
+from solutions.kernels.layernorm import (
+    LOOP_HEAD,
+    PARAMS_FIRST_MAX_N,
+    SHIFTED_MAX_N,
+    layernorm_backward,
+)
 from solutions.kernels.layernorm import _forward as layernorm_forward
 from solutions.kernels.plan_tables import measured
 from solutions.kernels.rmsnorm import _forward as rmsnorm_forward
@@ -575,6 +580,26 @@ def test_long_row_layernorm_keeps_its_precision_on_a_large_mean(head_offset):
     assert ((mean.double() - want_mean) / want_mean).abs().max().item() < 1e-6
     if head_offset:  # with a spread of 1, x - mean itself is only good to 1e4 * 2**-24
         _assert_close("y", y, reference.layernorm(x, w, b), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("plan", [LOOP_FWD, ONE_ROW_BLOCKS_FWD], ids=["loop", "one-row"])
+def test_long_16_bit_rows_summed_about_their_head_keep_the_variance(plan, dtype):
+    # The loop path sums 16-bit rows about the mean of their first LOOP_HEAD values. Here
+    # the mean is large against the spread, and those values are as far off the row's
+    # mean as the rest allow (about sqrt(n / LOOP_HEAD) spreads): the worst case for the
+    # shift, where log2(1 + n / LOOP_HEAD) = 7.3 of float32's 24 bits cancel.
+    n, head = 5000, LOOP_HEAD.value
+    base = 64.0 if dtype == torch.bfloat16 else 1000.0
+    x = _x((4, n), torch.float32) + base
+    x[:, :head] += (n / head) ** 0.5 * 0.9
+    x = x.to(dtype)
+    w, b = _w(n, dtype), _x(n, dtype, seed=3)
+    y, mean, rstd = layernorm_forward(x, w, b, 1e-5, True, plan)
+    want_mean, want_rstd = reference.layernorm_stats(x)
+    assert ((rstd.double() - want_rstd) / want_rstd).abs().max().item() < 2 ** -15
+    assert ((mean.double() - want_mean) / want_mean).abs().max().item() < 1e-6
+    _assert_close("y", y, reference.layernorm(x, w, b), dtype)
 
 
 # ------------------------------------------------------------------ GPU: the full shapes

@@ -7,13 +7,17 @@ spread that difference cancels catastrophically in float32. With the row in regi
 kernel subtracts the mean first (two passes over registers, one over memory). Rows too long
 for registers are summed in one pass that keeps nothing, so they are summed about a shift K:
 var = E[(x-K)^2] - E[x-K]^2. That subtraction loses about log2(1 + (mean-K)^2/var) bits.
-K is the mean of the row's first H values (the loop path: its first block, H = BLOCK_N,
-so no extra load; the split path: the first HEAD = 256, which every program of the row
-reads), and since those values are part of the row, (mean-K)^2 <= (N/H) * var: at most
-10 of float32's 24 bits at N = 262144, however large the mean. When the first block is
-the whole row, K is the mean itself and nothing cancels. Short 16-bit rows, in registers,
-are summed about their first value (H = 1) for speed: at most log2(1 + 512) = 9 bits
-cancel, and the 15 left are more than a 16-bit output keeps (rows kernel, below).
+K is the mean of the row's first H values, and since those values are part of the row,
+(mean-K)^2 <= (N/H) * var: at most log2(1 + N/H) bits cancel, however large the mean.
+The split path takes H = HEAD = 256, which every program of the row reads: at most 10 of
+float32's 24 bits at N = 262144. The loop path takes its first block for float32 rows
+(H = BLOCK_N, no extra load; when that block is the whole row, K is the mean itself and
+nothing cancels), and the first LOOP_HEAD = 32 values for 16-bit rows: one warp's worth,
+summed without waiting on the other warps, so the row's loads all go out at once (the
+first block's mean held them back), and at most 13 bits cancel at N = 262144, leaving the
+11 a float16 keeps. Short 16-bit rows, in registers, are summed about their first value
+(H = 1) for speed: at most log2(1 + 512) = 9 bits cancel, and the 15 left are more than
+a 16-bit output keeps (rows kernel, below).
 
 Backward (per row, x_hat = (x - mean) * rstd, g = dy * w):
 
@@ -31,6 +35,7 @@ module docstring says which plan field sets which flag; read that one first. Sev
                                                    squares (_normalise_tile); short 16-bit
                                                    rows summed about x[0] (SHIFTED_MAX_N)
     layernorm_fwd_loop_kernel    Forward "loop"    both sums about the first block's mean
+                                                   (16-bit rows: the first LOOP_HEAD values')
     layernorm_fwd_split_kernel   Forward "split"   both sums about the first HEAD values'
                                                    mean, exchanged in pairs
     layernorm_bwd_rows_kernel    Backward "rows"   mean(g) beside mean(x_hat * g); dB's
@@ -211,8 +216,11 @@ def layernorm_fwd_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                                   STORE_STATS=STORE_STATS)
 
 
-# The split path's shift: the mean of a row's first HEAD values (see the module docstring).
+# The split path's shift: the mean of a row's first HEAD values; the loop path's, for 16-bit
+# rows, of its first LOOP_HEAD, one warp's loads (module docstring;
+# docs/launch-rules.md#layernorm-loop-shift).
 HEAD = 256
+LOOP_HEAD = tl.constexpr(32)
 
 
 @triton.jit
@@ -310,8 +318,8 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                               MULTIPLE: tl.constexpr):
     # As rmsnorm_fwd_loop_kernel: programs walk over rows (or, ROW_BLOCKS > 0, take one row
     # in that many blocks, unrolled, summed lane by lane; EVEN: no masks); pass 1 sums
-    # BLOCK_N columns at once, keeping nothing, about the mean of the first block (the
-    # shift, which thus costs no load of its own); pass 2 reads the row again.
+    # BLOCK_N columns at once, keeping nothing, about a shift (the mean of the first block,
+    # or of the first LOOP_HEAD values for 16-bit rows); pass 2 reads the row again.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE=MULTIPLE)
     ONE_ROW: tl.constexpr = ROW_BLOCKS > 0
@@ -321,7 +329,10 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         first = tl.arange(0, BLOCK_N)
         in_row = columns_in_row(first, N, EVEN=EVEN)
         x = _load_to_read_again(x_row, first, in_row)
-        shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
+        if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+            shift = _row_shift(x_row, N, HEAD=LOOP_HEAD)
+        else:
+            shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
         if ROW_BLOCKS > 1:
             d = _deviations(x, in_row, shift)
             lanes_d, lanes_d2 = d, d * d
