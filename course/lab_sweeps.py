@@ -89,11 +89,21 @@ def reads_watched() -> Iterator[list[str]]:
         sys.addaudithook(_audit)
         _audit_hook_added = True
     found: list[str] = []
+    if not _WATCHES:  # the points' fields are watched only while a watch is on: free else
+        SweepPoint.__getattribute__ = _watched_field
     _WATCHES.append(found)
     try:
         yield found
     finally:  # by identity: list.remove would take the first equal list, not this one
         del _WATCHES[next(i for i, w in enumerate(_WATCHES) if w is found)]
+        if not _WATCHES:
+            del SweepPoint.__getattribute__
+
+
+def _watched_field(point: SweepPoint, name: str) -> object:
+    """SweepPoint's attribute lookup while reads_watched() is on: each field read noted."""
+    _note(f"SweepPoint.{name}")
+    return object.__getattribute__(point, name)
 
 
 def rows_for(n_cols: int) -> int:
@@ -198,11 +208,6 @@ class SweepPoint:
     fraction_of_copy: float
     copy_gbps: float
     status: str            # "ok", or "failed: <why>" (a launch that would not compile)
-
-    def __getattribute__(self, name: str) -> object:
-        if _WATCHES:
-            _note(f"SweepPoint.{name}")
-        return object.__getattribute__(self, name)
 
     @property
     def ok(self) -> bool:

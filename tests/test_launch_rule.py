@@ -225,6 +225,8 @@ def test_the_chapters_model_rule_reads_nothing_and_passes_every_shape():
 
 
 def test_reads_are_watched_only_inside_the_watch_and_each_is_noted_once():
+    point_fields = vars(lab_sweeps.SweepPoint)
+    assert "__getattribute__" not in point_fields  # unwatched, a field costs nothing extra
     with lab_sweeps.reads_watched() as outer:
         with lab_sweeps.reads_watched() as inner:
             assert lab_sweeps.next_power_of_2(3000) == 4096  # the grid's arithmetic: no read
@@ -237,6 +239,7 @@ def test_reads_are_watched_only_inside_the_watch_and_each_is_noted_once():
     with lab_sweeps.reads_watched() as after:
         pass
     assert after == [] and not lab_sweeps._WATCHES
+    assert "__getattribute__" not in point_fields
 
 
 @recorded_only

@@ -701,7 +701,7 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
                                               _BACKWARD_PER_CALL),
                                  partials.shape, partials.dtype,
-                                 summer(partials, weight.dtype if weight is not None else x.dtype))
+                                 summer(partials, weight.dtype) if weight is not None else None)
     return dx.view(x.shape), dw
 
 
