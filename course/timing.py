@@ -23,6 +23,11 @@ parameters drawn from the seed in the spec:
 `simulated_times(spec, reps)` gives, for a spec, the true time of a call (inputs and outputs
 from HBM, no compilation, no launch) and what each way of timing it wrongly would report:
 the chapter's checker compares a learner's timer with them.
+
+`recorded(gpu)` reads the timer figures `scripts/record_timers.py` recorded on a GPU;
+`three_timers(rows)` picks from them the three chapter 08 compares (the GPU's time,
+`triton.testing.do_bench`'s figure, what a caller waits), and `three_timers_measured`
+measures the same three on a GPU.
 """
 
 from __future__ import annotations
@@ -320,3 +325,71 @@ def recorded_table(rows: Sequence[dict[str, str]]) -> str:
             lines.append(f"  {timer:<36} {mean:9.1f} us {mean / base_mean:6.2f}x "
                          f"{median:9.1f} us {median / base_median:6.2f}x  ({base})")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- three timers (chapter 08)
+
+# The recorded timers chapter 08 sets side by side (scripts/record_timers.py's names).
+GPU_TIME = "honest" + LAUNCH_HIDDEN  # per-call events, the host's launch hidden
+DO_BENCH = "triton do_bench"         # triton.testing.do_bench, on one input
+CALLER_WAITS = "honest"              # per-call events, the host's launch counted
+# What triton.testing.do_bench zeroes before each call to flush L2 (triton 3.x).
+DO_BENCH_FLUSH_BYTES = 256 * MB
+
+
+@dataclass(frozen=True)
+class ThreeTimers:
+    """One workload at one shape, timed three ways: median microseconds a call."""
+
+    gpu: str        # the GPU's name
+    workload: str
+    M: int
+    N: int
+    gpu_us: float    # the GPU's time: events around each call, the launch hidden
+    bench_us: float  # triton.testing.do_bench
+    call_us: float   # what a caller waits: events around each call, the launch counted
+
+    @property
+    def host_us(self) -> float:
+        """What a caller waits beyond the GPU's time: the host's part of a call."""
+        return self.call_us - self.gpu_us
+
+
+def three_timers(rows: Sequence[dict[str, str]]) -> list[ThreeTimers]:
+    """Each workload and shape of `recorded(gpu)`'s rows, by the three timers, in the order
+    recorded. Medians, so that one slow call moves none of the three (do_bench returns the
+    mean unless asked; its recorded median is that of its own calls)."""
+    groups: dict[tuple[str, str, str], dict[str, float]] = {}
+    names: dict[tuple[str, str, str], str] = {}
+    for row in rows:
+        key = (row["workload"], row["M"], row["N"])
+        groups.setdefault(key, {})[row["timer"]] = float(row["median_us"])
+        names[key] = row["gpu"]
+    found = []
+    for (workload, M, N), by_timer in groups.items():
+        missing = [t for t in (GPU_TIME, DO_BENCH, CALLER_WAITS) if t not in by_timer]
+        if missing:
+            raise ValueError(f"{workload} {M} x {N} has no {', '.join(map(repr, missing))} "
+                             "timer: scripts/record_timers.py records all three")
+        found.append(ThreeTimers(names[(workload, M, N)], workload, int(M), int(N),
+                                 by_timer[GPU_TIME], by_timer[DO_BENCH], by_timer[CALLER_WAITS]))
+    return found
+
+
+def three_timers_measured(fn: Callable, make_args: Callable[[], Sequence], nbytes: int,
+                          workload: str, shape: tuple[int, int]) -> ThreeTimers:
+    """`fn` timed here the three ways (GPU only): `course.bench` on rotating inputs with the
+    launch hidden and with it counted, and `triton.testing.do_bench` on one input."""
+    if not runtime.on_gpu():
+        raise hardware.NeedsGPU("timing needs a GPU; without one, read the recorded "
+                                "figures: three_timers(recorded('h100'))")
+    from course import bench
+
+    import triton
+
+    gpu_s, call_s = (bench.measure(workload, fn, make_args, nbytes, warmup=5, reps=30,
+                                   hide_launch=hide).seconds for hide in (True, False))
+    args = make_args()
+    bench_ms = triton.testing.do_bench(lambda: fn(*args), return_mode="median")
+    return ThreeTimers(torch.cuda.get_device_name(), workload, *shape, gpu_s * 1e6,
+                       bench_ms * 1e3, call_s * 1e6)

@@ -18,7 +18,8 @@ One checker (or two) per chapter exercise:
         rmsnorm_backward_bandwidth(fn), layernorm_backward(fn, only=...),
         layernorm_backward_bandwidth(fn), rmsnorm_autograd(Function),
         rmsnorm_gradcheck(Function)
-    08  launch_rule(choose_launch, fn), beats_torch_compile(fn)     (the latter GPU only)
+    08  launch_counted(launch_counted), launch_rule(choose_launch, fn),
+        beats_torch_compile(fn)                                       (the latter GPU only)
 """
 
 from course.check.add_rmsnorm import add_rmsnorm, add_rmsnorm_bandwidth
@@ -28,6 +29,7 @@ from course.check.bandwidth import BandwidthResult, check_bandwidth
 from course.check.eager_bytes import eager_launch_bytes
 from course.check.finite_differences import rmsnorm_gradcheck
 from course.check.lab import CompileComparison, RuleReport, beats_torch_compile, launch_rule
+from course.check.lab_timers import launch_counted
 from course.check.layernorm import layernorm_forward, layernorm_forward_bandwidth
 from course.check.layernorm_backward import layernorm_backward, layernorm_backward_bandwidth
 from course.check.report import Report
@@ -40,7 +42,7 @@ from course.check.two_pass import ModelComparison, rmsnorm_two_pass, rmsnorm_two
 
 __all__ = ["BandwidthResult", "CompileComparison", "ModelComparison", "Report",
            "add_rmsnorm", "add_rmsnorm_bandwidth", "beats_torch_compile", "check_bandwidth",
-           "eager_launch_bytes", "honest_timer", "launch_rule", "RuleReport",
+           "eager_launch_bytes", "honest_timer", "launch_counted", "launch_rule", "RuleReport",
            "layernorm_backward", "layernorm_backward_bandwidth", "layernorm_forward",
            "layernorm_forward_bandwidth", "rmsnorm_autograd", "rmsnorm_backward",
            "rmsnorm_backward_bandwidth", "rmsnorm_forward", "rmsnorm_forward_bandwidth",
