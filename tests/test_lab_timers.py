@@ -1,16 +1,22 @@
 """Chapter 08's Exercise 8a: the recorded figures of the three timers, and the checker of
 `launch_counted(gpu_us, timer_us, call_us)`: the model answer passes on fresh cases every
-run, and each common slip fails with the message that names it (and no other slip's)."""
+run, each common slip fails with the message that names it (and no other slip's), and a
+wrong answer graded by the verifier loses its own cell only."""
 
 from __future__ import annotations
 
 import csv
+import re
+from pathlib import Path
 
 from course import check, runtime, timing
 from course.check import lab_timers
 from course.hardware import NeedsGPU
 
+import nbformat
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch_counted(gpu_us, timer_us, call_us):
@@ -87,6 +93,19 @@ def test_an_unfinished_or_odd_answer_is_reported():
         check.launch_counted(0.17)
 
 
+def _chapter_cell(cell_id: str) -> str:
+    nb = nbformat.read(ROOT / "solutions" / "ch08_performance_lab" /
+                       "ch08_performance_lab.ipynb", as_version=4)
+    source = next(c.source for c in nb.cells if c.get("id") == cell_id)
+    return re.sub(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", "", source, flags=re.M)
+
+
+def test_the_chapters_solution_passes():
+    scope: dict = {}
+    exec(compile(_chapter_cell("timers-code"), "ch08 timers-code", "exec"), scope)
+    assert check.launch_counted(scope["launch_counted"], seed=5, quiet=True).passed
+
+
 # ---------------------------------------------------------------- the recorded figures
 
 
@@ -125,3 +144,28 @@ def test_a_recording_without_one_of_the_three_timers_is_refused(tmp_path, monkey
 def test_measuring_the_three_timers_without_a_gpu_says_it_needs_one():
     with pytest.raises(NeedsGPU, match="read the recorded figures"):
         timing.three_timers_measured(lambda: None, lambda: (), 0, "nothing", (1, 1))
+
+
+# ---------------------------------------------------------------- graded end to end
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(runtime.on_gpu(), reason="the points without a GPU (speed cells fail)")
+def test_a_wrong_launch_counted_graded_by_the_verifier_loses_its_own_cell_only(tmp_path):
+    """Chapter 08 graded as the autograder grades it (course.verify), with the share left
+    out instead of the share counted: ex08_launch_counted loses its points, with the check's
+    diagnosis, and every other cell keeps what the correct chapter gets."""
+    from grader_submissions import Submission, expected_points, solutions, verified
+
+    answer = solutions(ROOT, "ch08_performance_lab")["ex08_launch_counted_code"]
+    right = "return (timer_us - gpu_us) / (call_us - gpu_us)"
+    assert answer.count(right) == 1
+    sub = Submission("mistakes_a", "ch08_performance_lab", "the share left out",
+                     {"ex08_launch_counted_code": answer.replace(
+                         right, "return (call_us - timer_us) / (call_us - gpu_us)")},
+                     ("ex08_launch_counted",), "it gives the share the timer leaves out")
+    verdict = verified(sub, tmp_path)
+    got = {c.grade_id: c.points for c in verdict.cells}
+    assert got == expected_points(ROOT, sub), verdict.to_json()[:4000]
+    reason = next(c.reason for c in verdict.cells if c.grade_id == "ex08_launch_counted")
+    assert sub.reason in reason, reason
