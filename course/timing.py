@@ -393,3 +393,19 @@ def three_timers_measured(fn: Callable, make_args: Callable[[], Sequence], nbyte
     bench_ms = triton.testing.do_bench(lambda: fn(*args), return_mode="median")
     return ThreeTimers(torch.cuda.get_device_name(), workload, *shape, gpu_s * 1e6,
                        bench_ms * 1e3, call_s * 1e6)
+
+
+def host_clock_bench(fn: Callable[[], object], quantiles: Sequence[float] = (0.5,),
+                     reps: int = 5) -> list[float]:
+    """Milliseconds a call of `fn` takes by the host's clock, at each quantile, after one
+    warm-up call. What `@triton.autotune(do_bench=...)` can time its configs with in Triton's
+    interpreter, which has no GPU to time: it says how fast the CPU interprets a config,
+    nothing about a GPU."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return [times[min(reps - 1, int(q * reps))] * 1e3 for q in quantiles]

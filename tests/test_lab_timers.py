@@ -1,7 +1,8 @@
 """Chapter 08's Exercise 8a: the recorded figures of the three timers, and the checker of
 `launch_counted(gpu_us, timer_us, call_us)`: the model answer passes on fresh cases every
 run, each common slip fails with the message that names it (and no other slip's), and a
-wrong answer graded by the verifier loses its own cell only."""
+wrong answer graded by the verifier loses its own cell only; and the host-clock benchmarker
+that lets the chapter run `@triton.autotune` in the interpreter."""
 
 from __future__ import annotations
 
@@ -169,3 +170,16 @@ def test_a_wrong_launch_counted_graded_by_the_verifier_loses_its_own_cell_only(t
     assert got == expected_points(ROOT, sub), verdict.to_json()[:4000]
     reason = next(c.reason for c in verdict.cells if c.grade_id == "ex08_launch_counted")
     assert sub.reason in reason, reason
+
+
+# ---------------------------------------------------------------- autotune in the interpreter
+
+
+def test_the_host_clock_bench_gives_milliseconds_at_each_quantile_after_a_warm_up():
+    calls = []
+    clock = iter([0.0, 0.001, 1.0, 1.002, 2.0, 2.003, 3.0, 3.004, 4.0, 4.2])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(timing.time, "perf_counter", lambda: next(clock))
+        got = timing.host_clock_bench(lambda: calls.append(1), quantiles=(0.5, 0.2, 0.8))
+    assert len(calls) == 6  # the warm-up, untimed, then five calls of 1, 2, 3, 4 and 200 ms
+    assert got == pytest.approx([3.0, 2.0, 200.0])
