@@ -309,28 +309,116 @@ def _in_caller_tensor(access: Access, operand: Operand,
 @contextlib.contextmanager
 def record() -> Iterator[Recording]:
     """Record every interpreted launch in the body (see the module's docstring)."""
+    recording = Recording()
+    with _patched(recording, "recording", "the access recorder"):
+        yield recording
+
+
+class OutsideEveryTensor(RuntimeError):
+    """Raised by `fence()` in a program that stored outside every tensor of its launch: the
+    launch stops there (a grid far too large would otherwise run on, program after program,
+    for nothing)."""
+
+
+@dataclass
+class FencedLaunch(Launch):
+    """A launch under `fence()`: it keeps no accesses, only the lanes it switched off."""
+
+    loads_refused: int = 0
+    stores_refused: int = 0
+    programs_refused: set[int] = field(default_factory=set)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.loads_refused or self.stores_refused)
+
+    def note(self, grid_idx: tuple[int, int, int], kind: str, addresses: np.ndarray,
+             mask: np.ndarray, size: int) -> np.ndarray:
+        addresses = np.array(addresses, dtype=np.uint64, ndmin=1)
+        on = np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape).copy()
+        if not on.any():
+            return on
+        lanes = addresses[on]
+        low, high = int(lanes.min()), int(lanes.max()) + size
+        if any(o.start <= low and high <= o.start + o.nbytes for o in self.operands):
+            return on  # every lane in one tensor: the usual case, checked cheaply
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for operand in self.operands:
+            inside |= operand.holds(addresses, size)
+        refused = int((on & ~inside).sum())
+        if refused:
+            program = _linear(grid_idx, self.grid)
+            self.programs_refused.add(program)
+            if kind == LOAD:
+                self.loads_refused += refused
+            else:
+                self.stores_refused += refused
+                raise OutsideEveryTensor(
+                    f"program {program} of {self.kernel} stored {refused} element(s) outside "
+                    "every tensor the launch was given: the launch was stopped there")
+        return on & inside
+
+
+@dataclass
+class Fence:
+    """The launches of a `fence()` body, each with the lanes it switched off."""
+
+    launches: list[FencedLaunch] = field(default_factory=list)
+    current: FencedLaunch | None = None
+    launch_type: type = FencedLaunch
+
+
+@contextlib.contextmanager
+def fence() -> Iterator[Fence]:
+    """In the body, every lane of an interpreted tl.load or tl.store that falls outside all
+    the tensors its launch was given is switched off and counted, not performed: the
+    interpreter would read or write whatever memory lies there, and a write far from every
+    tensor (a grid of N programs for M rows, say) corrupts Python's own memory or aborts the
+    process. A store there also stops the launch (OutsideEveryTensor, raised in the program
+    that made it): such a grid would go on for thousands of programs. A correct kernel never
+    reaches such a lane, so it runs as before. The checkers run every interpreted call of a
+    learner's function inside one (`sandbox.watch`). Nests with `record()` either way
+    round; inside another fence, it is that fence (its launches go on from the ones before)."""
+    global _FENCE
+    if _FENCE is not None:
+        yield _FENCE
+        return
+    _FENCE = Fence()
+    try:
+        with _patched(_FENCE, "fence", "the fence"):
+            yield _FENCE
+    finally:
+        _FENCE = None
+
+
+_FENCE: Fence | None = None  # the fence active in this process, if one is
+
+
+@contextlib.contextmanager
+def _patched(recording: Recording | Fence, attribute: str, what: str) -> Iterator[None]:
+    """The interpreter's launch, argument copies, grid and masked loads and stores wrapped
+    to note into `recording` for the body (each wrapper marked with `attribute`)."""
     if not runtime.interpreted():
         raise RuntimeError(NEEDS_INTERPRETER)
     from triton.runtime import interpreter
 
     executor, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
-    recording = Recording()
     patches = [(executor, "__call__", _launching), (executor, "_init_args_hst", _operands),
                (builder, "set_grid_dim", _grid), (builder, "create_masked_load", _load),
                (builder, "create_masked_store", _store)]
     missing = [name for cls, name, _ in patches if name not in cls.__dict__]
     if missing:
-        raise RuntimeError(f"this Triton's interpreter has no {', '.join(missing)}: the "
-                           "access recorder knows Triton 3.x's")
+        raise RuntimeError(f"this Triton's interpreter has no {', '.join(missing)}: {what} "
+                           "knows Triton 3.x's")
     originals = [(cls, name, cls.__dict__[name]) for cls, name, _ in patches]
-    if any(getattr(original, "recording", None) is not None for _, _, original in originals):
-        raise RuntimeError("already recording: record() does not nest")
+    if any(getattr(original, attribute, None) is not None for _, _, original in originals):
+        raise RuntimeError(f"already active: {what} does not nest with itself")
     for (cls, name, wrap), (_, _, original) in zip(patches, originals, strict=True):
         wrapped = wrap(original, recording, interpreter)
-        wrapped.recording = recording
+        setattr(wrapped, attribute, recording)
         setattr(cls, name, wrapped)
     try:
-        yield recording
+        yield
     finally:
         for cls, name, original in originals:
             setattr(cls, name, original)
@@ -338,7 +426,8 @@ def record() -> Iterator[Recording]:
 
 def _launching(original, recording: Recording, interpreter):
     def call(self, *args, **kwargs):
-        launch = Launch(getattr(self.fn, "__name__", "kernel"))
+        launch = getattr(recording, "launch_type", Launch)(getattr(self.fn, "__name__",
+                                                                   "kernel"))
         recording.launches.append(launch)
         recording.current = launch
         try:

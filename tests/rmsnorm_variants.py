@@ -183,6 +183,20 @@ def weight_without_mask(x, weight, eps=1e-6):
     return _launch(_weight_without_mask_kernel, x, weight, eps).view(x.shape)
 
 
+def grid_of_columns(x, weight, eps=1e-6):
+    """One program per column, grid (N,), instead of one per row: programs M to N - 1 load
+    and store rows past the end of x and y, far past them when N is much larger than M. In
+    Triton's interpreter those stores land in Python's own memory (the process aborted
+    before the checkers' fence); on a GPU they fault: not in BROKEN, which the GPU suite
+    runs (tests/test_check_diagnoses.py runs it in a process of its own)."""
+    x2 = _rows(x)
+    y = torch.empty_like(x2)
+    n = x2.shape[1]
+    rmsnorm_kernel[(n,)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
+                         BLOCK_N=triton.next_power_of_2(n))
+    return y.view(x.shape)
+
+
 def stride_of_the_3d_input(x, weight, eps=1e-6):
     """x.stride(0) of a 3-D x as the row stride: it steps over a whole block of rows."""
     y = torch.empty_like(_rows(x))

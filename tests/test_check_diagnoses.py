@@ -4,6 +4,10 @@ passes every tolerance. Each kernel here is a mistake a learner really writes.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import course  # noqa: F401  (the execution mode is chosen before any kernel is defined)
 from course import check, runtime, validation
 from course.check import sandbox
@@ -283,3 +287,41 @@ def test_a_block_that_is_not_a_power_of_two_is_told_to_round_up():
     with pytest.raises(AssertionError) as failure:
         check.layernorm_forward(block_of_n, seed=3, quiet=True)
     assert "BLOCK_N = triton.next_power_of_2(N)" in str(failure.value)
+
+
+# --------------------------------------------------------------------------- the grid
+
+_GRID_OF_COLUMNS = """
+import sys
+sys.path.insert(0, {tests!r})
+import course
+from course import check
+import add_rmsnorm_variants, rmsnorm_variants, two_pass_variants
+for checker, fn in ((check.rmsnorm_two_pass, two_pass_variants.grid_of_columns),
+                    (check.rmsnorm_forward, rmsnorm_variants.grid_of_columns),
+                    (check.add_rmsnorm, add_rmsnorm_variants.grid_of_columns)):
+    try:
+        checker(fn, seed=3, quiet=True)
+    except AssertionError as failure:
+        print(str(failure).split(chr(10) + chr(10))[1])
+        print("=====")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(runtime.on_gpu(), reason="the interpreter's fence: on a GPU such stores "
+                    "fault, and the context is lost")
+def test_a_grid_of_one_program_per_column_is_named_instead_of_aborting_python():
+    # Programs N > M reach far past every tensor: unfenced, the interpreter's stores there
+    # corrupted the heap and the process aborted ("free(): invalid pointer"), in a notebook
+    # a dead kernel and no message. A process of its own, so that this test survives that.
+    script = _GRID_OF_COLUMNS.format(tests=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    messages = done.stdout.split("=====")[:-1]
+    assert len(messages) == 3, done.stdout
+    for message in messages:
+        assert message.strip().startswith("Your kernel loads or stores far outside every "
+                                          "tensor"), message
+        assert "instead of (M,)?" in message and "grid = (M,)" in message, message

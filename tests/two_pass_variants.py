@@ -46,12 +46,12 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
 
 
 def _launch(x, weight, eps, *, accumulate=True, loop=True, sum_loop=True,
-            mean_over_block=False, weighted=True, mask_one_past=False):
+            mean_over_block=False, weighted=True, mask_one_past=False, grid=None):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
     n = x2.shape[1]
     block = min(BLOCK_N, triton.next_power_of_2(n))
-    two_pass_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
+    two_pass_kernel[grid or (x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
                                     BLOCK_N=block, ACCUMULATE=accumulate, LOOP=loop,
                                     SUM_LOOP=sum_loop, MEAN_OVER_BLOCK=mean_over_block,
                                     WEIGHTED=weighted, MASK_ONE_PAST=mask_one_past)
@@ -93,6 +93,12 @@ def no_weight(x, weight, eps=1e-6):
 def mask_one_past_the_end(x, weight, eps=1e-6):
     # mask = cols <= n_cols: every row reads (and writes) one column of the next.
     return _launch(x, weight, eps, mask_one_past=True)
+
+
+def grid_of_columns(x, weight, eps=1e-6):
+    # grid = (N,): one program per column. Programs past the last row reach far past x and
+    # y (see rmsnorm_variants.grid_of_columns): not in BROKEN.
+    return _launch(x, weight, eps, grid=(x.shape[-1],))
 
 
 # name -> (function, a phrase its failure message must contain)

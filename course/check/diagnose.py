@@ -29,6 +29,14 @@ _CALL_FINDINGS = {
                                "torch.empty_like(x), pass it to the kernel, and return it."),
     "extra_launches": ("Your function launches more kernels than the exercise allows: a fused "
                        "kernel does all the work in one launch."),
+    "outside_every_tensor": (
+        "Your kernel loads or stores far outside every tensor it was given. The check "
+        "switched those lanes off; left alone, Triton's interpreter reads and writes whatever "
+        "memory lies there (Python's own: the notebook's kernel can crash), and a GPU stops "
+        "with an illegal memory access. Look at the grid first: one program per row is "
+        "grid = (M,), M the number of rows (x2.shape[0] for x2 = validation.as_rows(x)), "
+        "not N, the length of a row. Then at each pointer: row * (the row stride of the "
+        "tensor it points into) + cols, with the mask."),
     "input_written": ("Your kernel writes into an input. Store to the output pointer (y_ptr), "
                       "never to x_ptr or the weight."),
     "input_guard_written": ("Your kernel writes outside the input tensor's rows: check the "
@@ -416,7 +424,7 @@ def advise(results: Sequence[CaseResult], suspects: Sequence[Suspect] = (),
 ADDRESS_RULES = frozenset({"all_poison", "tail", "last_rows", "strided", "nd_row_stride",
                            "row_offset", "wide", "mask", "edge"})
 ADDRESS_FINDINGS = frozenset({"input_written", "input_guard_written", "output_margin_written",
-                              "input_read_outside"})
+                              "input_read_outside", "outside_every_tensor"})
 ADDRESS_SUSPECTS = frozenset({"weight_row_offset"})
 
 

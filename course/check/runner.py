@@ -254,8 +254,10 @@ def rule_findings(record: sandbox.CallRecord, *, max_launches: int, min_launches
     return findings
 
 
-def memory_findings(record: sandbox.CallRecord, inputs: Inputs) -> list[Finding]:
-    """Writes into the inputs or around them, and outside the tensors the call allocated."""
+def memory_findings(record: sandbox.CallRecord, inputs: Inputs, *, rows: int | None = None
+                    ) -> list[Finding]:
+    """Writes into the inputs or around them, outside the tensors the call allocated, and
+    (in the interpreter) loads and stores far from every tensor a launch was given."""
     findings = []
     for name, g in inputs.items():
         inside, outside = g.writes()
@@ -266,6 +268,8 @@ def memory_findings(record: sandbox.CallRecord, inputs: Inputs) -> list[Finding]
             findings.append(Finding("input_guard_written",
                                     f"wrote {outside} element(s) into memory around the input "
                                     f"`{name}` (past a row's end or into the row padding)"))
+    for outside in record.outside:
+        findings.append(Finding("outside_every_tensor", outside.describe(rows)))
     for alloc, before, after in record.margin_writes():
         where = " and ".join(w for w, k in (("before its start", before), ("after its end", after))
                              if k)
@@ -326,6 +330,10 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator 
         if record is not None and (record.course_kernels or record.refused_arguments):
             return CaseResult(case, findings=tuple(refused_launch_findings(record)),
                               warnings=warned)
+        if record is not None and record.outside:  # the interpreter's fence stopped a launch
+            return CaseResult(case, findings=tuple(memory_findings(record, inputs,
+                                                                   rows=case.rows)),
+                              launches=tuple(record.launches), warnings=warned)
         text, fatal = explain_error(exc)
         return CaseResult(case, error=text, fatal=fatal, warnings=warned)
     warned = tuple(record.warnings)
@@ -336,7 +344,8 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator 
     outputs = _as_outputs(raw)
 
     findings = refused_launch_findings(record)
-    findings += _launch_findings(record, exercise) + memory_findings(record, inputs)
+    findings += _launch_findings(record, exercise) + memory_findings(record, inputs,
+                                                                     rows=case.rows)
     if exercise.inspect is not None:
         findings += exercise.inspect(record, case)
     if not exercise.torch_ops_allowed:  # computing with torch is the plain-PyTorch exercise

@@ -31,6 +31,10 @@ While a call runs inside `watch()`:
   memory (PyTorch's caching allocator hands freed blocks back with their contents
   intact), and a kernel that writes past either end of its output lands in the margins,
   where we see it instead of corrupting a neighbour or crashing the process;
+- in Triton's interpreter, a load or store lane that falls outside every tensor its launch
+  was given, beyond any margin (a grid of one program per column instead of per row), is
+  switched off and noted, and a store there stops the launch (`course.accesses.fence`):
+  unfenced, the interpreter writes into Python's own memory and the process aborts;
 - Python warnings are collected instead of printed: under nbgrader, anything a graded
   cell writes to stderr costs the cell its points.
 
@@ -215,6 +219,9 @@ class CallRecord:
     forbidden_ops: list[OpUse] = field(default_factory=list)
     copies: list[OpUse] = field(default_factory=list)
     allocations: list[PoisonedAllocation] = field(default_factory=list)
+    # In the interpreter: what each launch tried to load or store outside every tensor it
+    # was given (switched off, see _fenced).
+    outside: list[OutsideAccesses] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # "Category: message (place)"
     track_changes: bool = True
     # Notified of the call's allocations, fills, copies and launches, so that the call can
@@ -313,6 +320,8 @@ class CallRecord:
             "warnings": list(self.warnings),
             "margin_writes": [(list(a.view_shape), before, after)
                               for a, before, after in self.margin_writes()],
+            "outside": [(o.kernel, list(o.grid), o.loads, o.stores, list(o.programs))
+                        for o in self.outside],
         }
 
     def output_facts(self, t: torch.Tensor) -> tuple[bool, bool]:
@@ -330,6 +339,9 @@ class CallRecord:
         self.warnings += [w for w in summary["warnings"] if w not in self.warnings]
         self.allocations += [RemoteAllocation(tuple(shape), before, after)
                              for shape, before, after in summary["margin_writes"]]
+        self.outside += [OutsideAccesses(kernel, tuple(grid), loads, stores, tuple(programs))
+                         for kernel, grid, loads, stores, programs
+                         in summary.get("outside", ())]
 
     def note_remote_output(self, t: torch.Tensor, passed: bool, changed: bool) -> None:
         """`t` holds an output that the other process's record judged: (passed to a launch,
@@ -339,6 +351,37 @@ class CallRecord:
             self.launched_storages.add(storage.data_ptr())
         mask = torch.full((storage.nbytes(),), changed, dtype=torch.bool, device=t.device)
         self.changed_bytes[storage.data_ptr()] = (storage, mask)
+
+
+@dataclass(frozen=True)
+class OutsideAccesses:
+    """The lanes of one interpreted launch that fell outside every tensor it was given, and
+    were switched off: how many loads and stores, and which programs (linear indices)."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    loads: int
+    stores: int
+    programs: tuple[int, ...]
+
+    def describe(self, rows: int | None = None) -> str:
+        """One line; with `rows`, the number of rows of the call's input, it says when the
+        grid has more programs than rows and only programs past the last row went out."""
+        programs = self.programs
+        span = (f"program {programs[0]}" if len(programs) == 1 else
+                f"{len(programs)} programs ({programs[0]} to {programs[-1]})")
+        what = " and ".join(f"{kind} {count} element(s)" for kind, count
+                            in (("loaded", self.loads), ("stored", self.stores)) if count)
+        total = 1
+        for g in self.grid:
+            total *= g
+        line = (f"{span} of {self.kernel}'s grid of {total} programs {what} outside every "
+                "tensor the launch was given")
+        if rows is not None and total > rows and programs and programs[0] >= rows:
+            line += (f". The input has {rows} rows: a grid of {total} programs leaves "
+                     f"programs {rows} to {total - 1} without a row (is the grid (N,) or "
+                     "(M * N,) instead of (M,)?)")
+        return line
 
 
 @dataclass(frozen=True)
@@ -768,9 +811,35 @@ def watch(track_changes: bool = True, tracer: object | None = None) -> Iterator[
     `tracer` is told of every allocation, fill, copy and launch (see CallRecord.tracer)."""
     record = CallRecord(track_changes=track_changes, tracer=tracer)
     with collect_warnings() as record.warnings, _count_launches(record), \
-            _watch_interpreter_atomics(record), _Interceptor(record):
+            _watch_interpreter_atomics(record), _fenced(record), _Interceptor(record):
         _ACTIVE.append(record)
         try:
             yield record
         finally:
             _ACTIVE.remove(record)
+
+
+@contextlib.contextmanager
+def _fenced(record: CallRecord) -> Iterator[None]:
+    """In Triton's interpreter, the body's loads and stores kept inside the tensors each
+    launch was given (`course.accesses.fence`), and what was kept out noted in `record`.
+    Without it, a kernel that reaches far past its tensors (a grid of one program per column
+    instead of per row) writes into Python's own memory, and the process aborts with no
+    message. On a GPU nothing runs through the interpreter: there it is an illegal memory
+    access, which the checkers report."""
+    from course import runtime
+
+    if not runtime.interpreted():
+        yield
+        return
+    from course import accesses
+
+    with accesses.fence() as fenced:
+        before = len(fenced.launches)  # a watch inside another shares its fence
+        try:
+            yield
+        finally:
+            record.outside += [OutsideAccesses(launch.kernel, launch.grid,
+                                               launch.loads_refused, launch.stores_refused,
+                                               tuple(sorted(launch.programs_refused)))
+                               for launch in fenced.launches[before:] if launch.refused]
