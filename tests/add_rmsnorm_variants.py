@@ -37,7 +37,7 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
 
 
 def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True,
-            residual_stride=None, weighted=True, grid=None):
+            residual_stride=None, weighted=True, grid=None, block=None):
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -45,7 +45,7 @@ def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True
     stride_r = r2.stride(0) if residual_stride is None else residual_stride
     add_rmsnorm_kernel[grid or (x2.shape[0],)](
         x2, r2, weight, y, h, x2.stride(0), stride_r, y.stride(0), h.stride(0), n, eps,
-        BLOCK_N=triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum,
+        BLOCK_N=block or triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum,
         WEIGHTED=weighted)
     return y.view(x.shape), h.view(x.shape)
 
@@ -90,6 +90,12 @@ def returns_outputs_swapped(x, residual, weight, eps=1e-6):
 def residual_with_x_stride(x, residual, weight, eps=1e-6):
     # One stride for both inputs: right whenever they happen to share a layout.
     return _launch(x, residual, weight, eps, residual_stride=x.reshape(-1, x.shape[-1]).stride(0))
+
+
+def block_of_4096(x, residual, weight, eps=1e-6):
+    # BLOCK_N hard-coded to 4096, a model's width, masks right: the widest rows of the
+    # checks without a GPU were 4096 long, so it passed them all there.
+    return _launch(x, residual, weight, eps, block=4096)
 
 
 def grid_of_columns(x, residual, weight, eps=1e-6):

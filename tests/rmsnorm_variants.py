@@ -336,6 +336,12 @@ def fixed_block(x, weight, eps=1e-6):
                    ).view(x.shape)
 
 
+def block_of_8192(x, weight, eps=1e-6):
+    """BLOCK_N hard-coded to 8192, masks right: the widest rows of the checks without a GPU
+    were 8192 long, so it passed them all there (tests/test_check_diagnoses.py)."""
+    return _launch(rmsnorm_kernel, x, weight, eps, block=8192).view(x.shape)
+
+
 def ignores_eps(x, weight, eps=1e-6):
     return _launch(rmsnorm_kernel, x, weight, 1e-6).view(x.shape)
 

@@ -289,6 +289,16 @@ def test_a_block_that_is_not_a_power_of_two_is_told_to_round_up():
     assert "BLOCK_N = triton.next_power_of_2(N)" in str(failure.value)
 
 
+def test_a_block_n_hard_coded_to_the_widest_rows_of_the_checks_fails_on_wider_ones():
+    # Chapter 04's widest case without a GPU had 8192 columns, chapter 05's 4096: a kernel
+    # whose BLOCK_N was fixed at that width passed every visible and hidden case there.
+    for checker, fn, block in ((check.rmsnorm_forward, rmsnorm_variants.block_of_8192, 8192),
+                               (check.add_rmsnorm, add_rmsnorm_variants.block_of_4096, 4096)):
+        message = _failure(checker, fn)
+        assert f"Columns {block} and beyond were never written" in message, message
+        assert "rows wider than 8192 (2x10007, float32)" in message, message
+
+
 # --------------------------------------------------------------------------- the grid
 
 _GRID_OF_COLUMNS = """

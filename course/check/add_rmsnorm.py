@@ -49,6 +49,8 @@ def _cases() -> tuple[Case, ...]:
         # exact sum round differently in about a fifth of the elements of y.
         Case("float16, y of the stored sum", (16, 1024), f16,
              frozenset({"half", "pow2", STORED_SUM})),
+        # Wider than every case above: a BLOCK_N fixed at 4096 (or 8192) covers those.
+        Case("rows wider than 8192", (2, 10007), f32, frozenset({"wide", "odd_n"})),
     ]
     if runtime.on_gpu():
         cases += [

@@ -40,6 +40,8 @@ def _cases() -> tuple[Case, ...]:
         Case("bfloat16, long rows", (4, 8192), bf16, frozenset({"half", "bf16", "long"}),
              offset=1.0, scale=0.5),
         Case("many rows", (257, 512), f16, frozenset({"half", "pow2"})),
+        # Wider than every case above: a BLOCK_N fixed at 8192 (or 4096) covers those.
+        Case("rows wider than 8192", (2, 10007), f32, frozenset({"wide", "odd_n"})),
     ]
     if runtime.on_gpu():  # sizes the interpreter would take minutes over
         cases += [
