@@ -18,7 +18,8 @@ import triton.language as tl
 def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r_row,
                        stride_y_row, stride_h_row, n_cols, eps, BLOCK_N: tl.constexpr,
                        NORM_OF_X: tl.constexpr, STORE_SUM: tl.constexpr,
-                       WEIGHTED: tl.constexpr):
+                       WEIGHTED: tl.constexpr, RSTD: tl.constexpr = "right",
+                       WEIGHT_ROW_OFFSET: tl.constexpr = False):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -29,15 +30,22 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
     if STORE_SUM:
         tl.store(h_ptr + row * stride_h_row + cols, h, mask=mask)
     v = x if NORM_OF_X else h.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n_cols + eps)
+    if RSTD == "eps outside":  # the bug: 1 / (sqrt(mean) + eps)
+        rstd = 1.0 / (tl.sqrt(tl.sum(v * v, axis=0) / n_cols) + eps)
+    elif RSTD == "sum":  # the bug: the sum of squares, not their mean
+        rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) + eps)
+    else:
+        rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n_cols + eps)
     y = v * rstd
     if WEIGHTED:  # the bug, when not: the weight is never applied
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        w_row = row * stride_x_row if WEIGHT_ROW_OFFSET else 0  # the bug: x's row offset
+        y = y * tl.load(w_ptr + w_row + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True,
-            residual_stride=None, weighted=True, grid=None, block=None):
+            residual_stride=None, weighted=True, grid=None, block=None, rstd="right",
+            weight_row_offset=False):
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -46,7 +54,7 @@ def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True
     add_rmsnorm_kernel[grid or (x2.shape[0],)](
         x2, r2, weight, y, h, x2.stride(0), stride_r, y.stride(0), h.stride(0), n, eps,
         BLOCK_N=block or triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum,
-        WEIGHTED=weighted)
+        WEIGHTED=weighted, RSTD=rstd, WEIGHT_ROW_OFFSET=weight_row_offset)
     return y.view(x.shape), h.view(x.shape)
 
 
@@ -80,6 +88,23 @@ def missing_eps(x, residual, weight, eps=1e-6):
 
 def no_weight(x, residual, weight, eps=1e-6):
     return _launch(x, residual, weight, eps, weighted=False)
+
+
+def eps_outside_sqrt(x, residual, weight, eps=1e-6):
+    # rstd = 1 / (sqrt(mean(h^2)) + eps): it had been told to pass the eps argument, which
+    # it did.
+    return _launch(x, residual, weight, eps, rstd="eps outside")
+
+
+def sum_not_mean(x, residual, weight, eps=1e-6):
+    return _launch(x, residual, weight, eps, rstd="sum")
+
+
+def weight_row_offset(x, residual, weight, eps=1e-6):
+    """The weight loaded at x's row offset, as x is: it had been told to give each tensor
+    its own row stride. Row r reads r row strides past the weight's start, far past its end
+    for the many-row cases: not in BROKEN, which the GPU suite runs."""
+    return _launch(x, residual, weight, eps, weight_row_offset=True)
 
 
 def returns_outputs_swapped(x, residual, weight, eps=1e-6):
@@ -136,4 +161,6 @@ BROKEN = {
     "missing_eps": (missing_eps, "eps is missing from the square root"),
     "no_weight": (no_weight, "y lacks the weight"),
     "returns_outputs_swapped": (returns_outputs_swapped, "The two outputs are swapped"),
+    "eps_outside_sqrt": (eps_outside_sqrt, "eps is added outside the square root"),
+    "sum_not_mean": (sum_not_mean, "about sqrt(N) times too small"),
 }

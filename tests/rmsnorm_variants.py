@@ -165,6 +165,25 @@ def weight_row_offset(x, weight, eps=1e-6):
 
 
 @triton.jit
+def _weight_shifted_by_row_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols,
+                                  eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)  # row, not stride
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def weight_shifted_by_row(x, weight, eps=1e-6):
+    """The weight loaded at w_ptr + row + cols: row r reads it r entries along, and r
+    entries past its end (the guard margin holds them)."""
+    return _launch(_weight_shifted_by_row_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
 def _weight_without_mask_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                                 BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
@@ -372,5 +391,6 @@ BROKEN = {
     "fixed_block": (fixed_block, "never written"),
     "rows_left_over": (rows_left_over, "The last rows were left unwritten"),
     "ignores_eps": (ignores_eps, "non-default eps"),
+    "weight_shifted_by_row": (weight_shifted_by_row, "times the weight shifted r entries"),
     "numpy_behind_a_dummy_launch": (numpy_behind_a_dummy_launch, "never passed to your kernel"),
 }

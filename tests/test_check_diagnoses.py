@@ -299,6 +299,14 @@ def test_a_block_n_hard_coded_to_the_widest_rows_of_the_checks_fails_on_wider_on
         assert "rows wider than 8192 (2x10007, float32)" in message, message
 
 
+@pytest.mark.skipif(runtime.on_gpu(), reason="the weight is read far past its end")
+def test_a_weight_loaded_at_xs_row_offset_is_named_in_the_fused_add_too():
+    # It had been told that "each tensor [needs] its own row stride": the weight needs none.
+    message = _failure(check.add_rmsnorm, add_rmsnorm_variants.weight_row_offset)
+    assert "the weight is loaded with a row offset" in message, message
+    assert "Row 0 is right but the other rows are wrong" not in message, message
+
+
 # --------------------------------------------------------------------------- the grid
 
 _GRID_OF_COLUMNS = """

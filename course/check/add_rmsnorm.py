@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from course import reference, runtime, traffic
+from course.check import rmsnorm as rmsnorm_suspects
 from course.check.bandwidth import BandwidthResult, CallSpec, check_bandwidth
 from course.check.cases import Case, row_shape_cases
 from course.check.compare import Mismatch
@@ -148,6 +149,14 @@ def _norm_without_weight(t: Tensors, case: Case) -> torch.Tensor:
     return _expected(dict(t, weight=torch.ones_like(t["weight"])), case)[0]
 
 
+def _of_the_sum(suspect: Callable) -> Callable:
+    """One of chapter 04's RMSNorm suspects (course.check.rmsnorm), on the stored sum h
+    instead of x: the same slip in the norm of chapter 05's kernel."""
+    def on_the_sum(t: Tensors, case: Case, *got: torch.Tensor):
+        return suspect(dict(t, x=_expected(t, case)[1]), case, *got)
+    return on_the_sum
+
+
 def _residual_out_holds_y(results: Sequence[CaseResult]) -> bool:
     return any(name == "residual_out_is_y" for r in results for name, _ in r.hints)
 
@@ -174,6 +183,22 @@ SUSPECTS = (
             "y lacks the weight: y is h * rstd * weight, one weight per column. Load the "
             "weight with the same column offsets and mask as x, and multiply by it before "
             "converting y to its dtype.", expected=_norm_without_weight),
+    Suspect("sum_instead_of_mean", "y",
+            "y is about sqrt(N) times too small: rstd is computed from the *sum* of the "
+            "squares of h. RMSNorm uses their mean: divide the sum of squares by N (n_cols) "
+            "before adding eps and taking the square root.",
+            expected=_of_the_sum(rmsnorm_suspects.sum_not_mean)),
+    Suspect("eps_outside_sqrt", "y",
+            "eps is added outside the square root: you divide by sqrt(mean(h^2)) + eps. "
+            "RMSNorm adds it inside, rstd = 1 / sqrt(mean(h^2) + eps). With the default eps "
+            "the two barely differ, so only rows with a small mean square or a larger eps "
+            "show it.", expected=_of_the_sum(rmsnorm_suspects.eps_outside_sqrt)),
+    Suspect("weight_row_offset", "y",
+            "y's first row is right, but each later row is scaled by memory past the start "
+            "of the weight: the weight is loaded with a row offset (weight_ptr + row * "
+            "stride + cols). The weight is one row of N entries that every row shares: load "
+            "it at weight_ptr + cols, with the row's mask, the same in every program.",
+            matches=_of_the_sum(rmsnorm_suspects.weight_row_offset)),
     Suspect("norm_of_x", "y",
             "y is the RMSNorm of x alone. Normalise the sum h = x + residual (the same h you "
             "store as residual_out): that is what the next layer needs.",

@@ -33,10 +33,10 @@ _CALL_FINDINGS = {
         "Your kernel loads or stores far outside every tensor it was given. The check "
         "switched those lanes off; left alone, Triton's interpreter reads and writes whatever "
         "memory lies there (Python's own: the notebook's kernel can crash), and a GPU stops "
-        "with an illegal memory access. Look at the grid first: one program per row is "
-        "grid = (M,), M the number of rows (x2.shape[0] for x2 = validation.as_rows(x)), "
-        "not N, the length of a row. Then at each pointer: row * (the row stride of the "
-        "tensor it points into) + cols, with the mask."),
+        "with an illegal memory access. Check the grid: one program per row is grid = (M,), "
+        "M the number of rows (x2.shape[0] for x2 = validation.as_rows(x)), not N, the "
+        "length of a row. And check each pointer: a row of x or y starts at row * that "
+        "tensor's own row stride, while the weight takes no row offset (w_ptr + cols)."),
     "input_written": ("Your kernel writes into an input. Store to the output pointer (y_ptr), "
                       "never to x_ptr or the weight."),
     "input_guard_written": ("Your kernel writes outside the input tensor's rows: check the "

@@ -89,11 +89,11 @@ def _without_weight(t: Tensors, case: Case) -> torch.Tensor:
     return _wrong_rmsnorm(t, case, _squares(t).mean(dim=-1, keepdim=True), weighted=False)
 
 
-def _sum_not_mean(t: Tensors, case: Case) -> torch.Tensor:
+def sum_not_mean(t: Tensors, case: Case) -> torch.Tensor:
     return _wrong_rmsnorm(t, case, _squares(t).sum(dim=-1, keepdim=True))
 
 
-def _eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
+def eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
     return _wrong_rmsnorm(t, case, _squares(t).mean(dim=-1, keepdim=True), eps_outside=True)
 
 
@@ -116,23 +116,29 @@ def _divided_by_block(t: Tensors, case: Case) -> torch.Tensor | None:
     return _wrong_rmsnorm(t, case, _squares(t).sum(dim=-1, keepdim=True) / block)
 
 
-def _weight_row_offset(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+def weight_row_offset(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
     """A detail when y is what a weight loaded at w_ptr + row * stride + cols gives: row r
-    times the memory r * stride entries past the weight's start. Past its end that is the
-    checker's guard value, as far as the margin goes; the rows that read beyond it read
-    memory nobody knows, and are left out."""
+    times the memory r * stride entries past the weight's start (stride x's row stride, N,
+    or 1 for w_ptr + row + cols). Past its end that is the checker's guard value, as far as
+    the margin goes; the rows that read beyond it read memory nobody knows, and are left
+    out."""
     n = case.n
     x = t["x"].to(torch.float64).reshape(-1, n)
     normalised = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + case.eps)
     guard = torch.full((guard_margin(n),), GUARD_VALUE, dtype=torch.float64, device=x.device)
     memory = torch.cat([t["weight"].to(torch.float64), guard])
     y = got.reshape(-1, n)
-    for stride in dict.fromkeys((n + case.row_padding, n)):  # x's row stride, or N
+    for stride in dict.fromkeys((n + case.row_padding, n, 1)):  # x's row stride, N, 1
         rows = [r for r in range(x.shape[0]) if r * stride + n <= memory.numel()]
-        if len(rows) < 2:
+        if len(rows) < 2 or (stride == 1 and n == 1):  # then the two coincide
             continue
         want = torch.stack([normalised[r] * memory[r * stride:r * stride + n] for r in rows])
         if compare("y", y[rows], want, got.dtype) is None:
+            if stride == 1 < n:
+                return ("row r of y is x's normalised row r times the weight shifted r "
+                        "entries along (w_ptr + row + cols), and its last r columns times "
+                        f"{GUARD_VALUE:g}, the value the checker keeps past the end of the "
+                        "weight")
             return (f"row 1 of y is x's normalised row 1 times {GUARD_VALUE:g}, the value "
                     "the checker keeps past the end of the weight")
     return None
@@ -147,12 +153,12 @@ SUSPECTS = (
     Suspect("sum_instead_of_mean", "y",
             "y is about sqrt(N) times too small: rstd is computed from the *sum* of the "
             "squares. RMSNorm uses their mean: divide the sum of squares by N (the row length) "
-            "before adding eps and taking the square root.", expected=_sum_not_mean),
+            "before adding eps and taking the square root.", expected=sum_not_mean),
     Suspect("eps_outside_sqrt", "y",
             "eps is added outside the square root: you divide by sqrt(mean(x^2)) + eps. "
             "RMSNorm adds it inside, rstd = 1 / sqrt(mean(x^2) + eps). With the default eps "
             "the two barely differ, so only rows with a small mean square or a larger eps "
-            "show it.", expected=_eps_outside_sqrt),
+            "show it.", expected=eps_outside_sqrt),
     Suspect("mean_down_columns", "y",
             "The mean of squares is taken down each column, across the rows (dim 0), not "
             "along each row: every row needs its own statistic over its N values, the last "
@@ -166,7 +172,7 @@ SUSPECTS = (
             "the weight: the weight is loaded with a row offset (w_ptr + row * stride + cols). "
             "The weight is one row of N entries that every row of x shares: load it at "
             "w_ptr + cols, with the row's mask, the same in every program.",
-            matches=_weight_row_offset),
+            matches=weight_row_offset),
     Suspect("divided_by_block", "y",
             "The sum of squares is divided by BLOCK_N, the padded block size, instead of N: "
             "rows whose length is a power of two pass, the others come out sqrt(BLOCK_N / N) "
