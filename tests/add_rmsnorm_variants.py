@@ -19,7 +19,8 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
                        stride_y_row, stride_h_row, n_cols, eps, BLOCK_N: tl.constexpr,
                        NORM_OF_X: tl.constexpr, STORE_SUM: tl.constexpr,
                        WEIGHTED: tl.constexpr, RSTD: tl.constexpr = "right",
-                       WEIGHT_ROW_OFFSET: tl.constexpr = False):
+                       WEIGHT_ROW_OFFSET: tl.constexpr = False,
+                       WEIGHT_MASKED: tl.constexpr = True):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -39,13 +40,17 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
     y = v * rstd
     if WEIGHTED:  # the bug, when not: the weight is never applied
         w_row = row * stride_x_row if WEIGHT_ROW_OFFSET else 0  # the bug: x's row offset
-        y = y * tl.load(w_ptr + w_row + cols, mask=mask, other=0.0).to(tl.float32)
+        if WEIGHT_MASKED:
+            w = tl.load(w_ptr + w_row + cols, mask=mask, other=0.0)
+        else:  # the bug: lanes past the weight's end read memory (the store leaves them out)
+            w = tl.load(w_ptr + w_row + cols)
+        y = y * w.to(tl.float32)
     tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True,
             residual_stride=None, weighted=True, grid=None, block=None, rstd="right",
-            weight_row_offset=False):
+            weight_row_offset=False, weight_masked=True):
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -54,7 +59,8 @@ def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True
     add_rmsnorm_kernel[grid or (x2.shape[0],)](
         x2, r2, weight, y, h, x2.stride(0), stride_r, y.stride(0), h.stride(0), n, eps,
         BLOCK_N=block or triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum,
-        WEIGHTED=weighted, RSTD=rstd, WEIGHT_ROW_OFFSET=weight_row_offset)
+        WEIGHTED=weighted, RSTD=rstd, WEIGHT_ROW_OFFSET=weight_row_offset,
+        WEIGHT_MASKED=weight_masked)
     return y.view(x.shape), h.view(x.shape)
 
 
@@ -115,6 +121,12 @@ def returns_outputs_swapped(x, residual, weight, eps=1e-6):
 def residual_with_x_stride(x, residual, weight, eps=1e-6):
     # One stride for both inputs: right whenever they happen to share a layout.
     return _launch(x, residual, weight, eps, residual_stride=x.reshape(-1, x.shape[-1]).stride(0))
+
+
+def weight_without_mask(x, residual, weight, eps=1e-6):
+    """Every value right: the masked store leaves out the lanes past the weight's end. Only
+    Triton's interpreter can record the load: not in BROKEN."""
+    return _launch(x, residual, weight, eps, weight_masked=False)
 
 
 def block_of_4096(x, residual, weight, eps=1e-6):

@@ -307,6 +307,14 @@ def test_a_weight_loaded_at_xs_row_offset_is_named_in_the_fused_add_too():
     assert "Row 0 is right but the other rows are wrong" not in message, message
 
 
+@pytest.mark.skipif(not runtime.interpreted(), reason="only the interpreter records loads")
+def test_a_weight_loaded_without_a_mask_fails_the_fused_add_as_it_fails_chapter_04():
+    # Its values are right (the store is masked): the recorded loads of one case show it.
+    message = _failure(check.add_rmsnorm, add_rmsnorm_variants.weight_without_mask)
+    assert "Your kernel loads past the end of an input" in message, message
+    assert "past the end of weight[100..127]" in message, message
+
+
 # --------------------------------------------------------------------------- the grid
 
 _GRID_OF_COLUMNS = """

@@ -22,7 +22,6 @@ from course.check.compare import Mismatch
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
 from course.check.runner import CaseResult, Exercise, Inputs, Suspect, Tensors
-from course.check.suite import check_and_raise
 
 import torch
 
@@ -284,8 +283,12 @@ ADD_RMSNORM = _AddRMSNormExercise(
 @learner_facing
 def add_rmsnorm(fn: Callable, *, seed: int | None = None, quiet: bool = False) -> Report:
     """Check a learner's `add_rmsnorm(x, residual, weight, eps=1e-6)` on every case; raise
-    AssertionError with advice on failure, return the report (printed unless quiet)."""
-    return check_and_raise(ADD_RMSNORM, fn, seed=seed, quiet=quiet)
+    AssertionError with advice on failure, return the report (printed unless quiet). In
+    Triton's interpreter one case's loads are recorded, as chapter 04's are: a weight loaded
+    past its end without a mask fails there, though its values come out right."""
+    from course.check.address_pictures import check_with_pictures  # imports Triton
+
+    return check_with_pictures(ADD_RMSNORM, fn, seed=seed, quiet=quiet)
 
 
 @learner_facing
