@@ -35,6 +35,9 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
         rstd = 1.0 / (tl.sqrt(tl.sum(v * v, axis=0) / n_cols) + eps)
     elif RSTD == "sum":  # the bug: the sum of squares, not their mean
         rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) + eps)
+    elif RSTD == "variance":  # the bug: LayerNorm's statistic, about the mean
+        d = tl.where(mask, v - tl.sum(v, axis=0) / n_cols, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n_cols + eps)
     else:
         rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n_cols + eps)
     y = v * rstd
@@ -106,6 +109,10 @@ def sum_not_mean(x, residual, weight, eps=1e-6):
     return _launch(x, residual, weight, eps, rstd="sum")
 
 
+def variance_not_mean_square(x, residual, weight, eps=1e-6):
+    return _launch(x, residual, weight, eps, rstd="variance")
+
+
 def weight_row_offset(x, residual, weight, eps=1e-6):
     """The weight loaded at x's row offset, as x is: it had been told to give each tensor
     its own row stride. Row r reads r row strides past the weight's start, far past its end
@@ -175,4 +182,5 @@ BROKEN = {
     "returns_outputs_swapped": (returns_outputs_swapped, "The two outputs are swapped"),
     "eps_outside_sqrt": (eps_outside_sqrt, "eps is added outside the square root"),
     "sum_not_mean": (sum_not_mean, "about sqrt(N) times too small"),
+    "variance_not_mean_square": (variance_not_mean_square, "rstd comes from the variance of h"),
 }

@@ -165,6 +165,41 @@ def weight_row_offset(x, weight, eps=1e-6):
 
 
 @triton.jit
+def _centred_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                    BLOCK_N: tl.constexpr, CENTRE_Y: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / n_cols
+    centred = tl.where(mask, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_cols + eps)  # the variance
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (centred if CENTRE_Y else x) * rstd * w
+    tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_centred(x, weight, eps, centre_y: bool):
+    x2 = _rows(x)
+    y = torch.empty_like(x2)
+    n = x2.shape[1]
+    _centred_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
+                                    BLOCK_N=triton.next_power_of_2(n), CENTRE_Y=centre_y)
+    return y.view(x.shape)
+
+
+def variance_not_mean_square(x, weight, eps=1e-6):
+    """rstd from the variance, as chapter 01's LayerNorm has it: where a row's mean is near
+    0 (the M = 1 case, on some seeds) it passes, and the probe's new values then failed,
+    which was called state kept between calls."""
+    return _launch_centred(x, weight, eps, centre_y=False)
+
+
+def layernorm_without_bias(x, weight, eps=1e-6):
+    return _launch_centred(x, weight, eps, centre_y=True)
+
+
+@triton.jit
 def _weight_shifted_by_row_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols,
                                   eps, BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
@@ -392,5 +427,7 @@ BROKEN = {
     "rows_left_over": (rows_left_over, "The last rows were left unwritten"),
     "ignores_eps": (ignores_eps, "non-default eps"),
     "weight_shifted_by_row": (weight_shifted_by_row, "times the weight shifted r entries"),
+    "variance_not_mean_square": (variance_not_mean_square, "rstd comes from the row's variance"),
+    "layernorm_without_bias": (layernorm_without_bias, "y is LayerNorm's (x - mean)"),
     "numpy_behind_a_dummy_launch": (numpy_behind_a_dummy_launch, "never passed to your kernel"),
 }

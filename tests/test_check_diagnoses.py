@@ -315,6 +315,17 @@ def test_a_weight_loaded_without_a_mask_fails_the_fused_add_as_it_fails_chapter_
     assert "past the end of weight[100..127]" in message, message
 
 
+def test_a_formula_wrong_everywhere_is_not_blamed_on_state_kept_between_calls():
+    # On seed 3 the M = 1 row's mean is near 0, where a variance is a mean square: that case
+    # passed, the probe's new values failed it, and the first paragraph said "Wrong when
+    # called again: state carried between calls".
+    message = _failure(check.rmsnorm_forward, rmsnorm_variants.variance_not_mean_square)
+    assert "Wrong when called again" not in message, message
+    row = next(line for line in message.splitlines() if line.strip().startswith("M = 1 ("))
+    assert " ok " in row, message  # the case that passed by chance
+    assert message.split("\n\n")[1].startswith("rstd comes from the row's variance"), message
+
+
 # --------------------------------------------------------------------------- the grid
 
 _GRID_OF_COLUMNS = """

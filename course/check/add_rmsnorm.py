@@ -192,6 +192,15 @@ SUSPECTS = (
             "RMSNorm adds it inside, rstd = 1 / sqrt(mean(h^2) + eps). With the default eps "
             "the two barely differ, so only rows with a small mean square or a larger eps "
             "show it.", expected=_of_the_sum(rmsnorm_suspects.eps_outside_sqrt)),
+    Suspect("variance_not_mean_square", "y",
+            "rstd comes from the variance of h, the squares of h - mean(h), as in LayerNorm. "
+            "RMSNorm subtracts no mean: rstd = 1 / sqrt(mean(h^2) + eps).",
+            expected=_of_the_sum(rmsnorm_suspects.variance_not_mean_square)),
+    Suspect("layernorm_without_bias", "y",
+            "y is LayerNorm's (h - mean) * rstd * weight of the sum: RMSNorm subtracts no "
+            "mean, neither in the statistic nor in y. y = h * rstd * weight, with rstd = "
+            "1 / sqrt(mean(h^2) + eps).",
+            expected=_of_the_sum(rmsnorm_suspects.layernorm_without_bias)),
     Suspect("weight_row_offset", "y",
             "y's first row is right, but each later row is scaled by memory past the start "
             "of the weight: the weight is loaded with a row offset (weight_ptr + row * "

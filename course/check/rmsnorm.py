@@ -97,6 +97,22 @@ def eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
     return _wrong_rmsnorm(t, case, _squares(t).mean(dim=-1, keepdim=True), eps_outside=True)
 
 
+def _centred(t: Tensors) -> torch.Tensor:
+    x = t["x"].to(torch.float64)
+    return x - x.mean(dim=-1, keepdim=True)
+
+
+def variance_not_mean_square(t: Tensors, case: Case) -> torch.Tensor:
+    # rstd from the row's variance, LayerNorm's statistic; x itself not centred.
+    return _wrong_rmsnorm(t, case, _centred(t).square().mean(dim=-1, keepdim=True))
+
+
+def layernorm_without_bias(t: Tensors, case: Case) -> torch.Tensor:
+    centred = _centred(t)
+    rstd = torch.rsqrt(centred.square().mean(dim=-1, keepdim=True) + case.eps)
+    return centred * rstd * t["weight"].to(torch.float64)
+
+
 def _mean_down_columns(t: Tensors, case: Case) -> torch.Tensor:
     # Every leading dimension flattened into rows, then the mean taken across the rows.
     squares = _squares(t)
@@ -159,6 +175,15 @@ SUSPECTS = (
             "RMSNorm adds it inside, rstd = 1 / sqrt(mean(x^2) + eps). With the default eps "
             "the two barely differ, so only rows with a small mean square or a larger eps "
             "show it.", expected=eps_outside_sqrt),
+    Suspect("variance_not_mean_square", "y",
+            "rstd comes from the row's variance, the squares of x - mean(x), as in LayerNorm. "
+            "RMSNorm subtracts no mean: rstd = 1 / sqrt(mean(x^2) + eps), the mean of the "
+            "squares of x as loaded. (Rows whose mean is near 0 barely differ, so a case may "
+            "pass by chance.)", expected=variance_not_mean_square),
+    Suspect("layernorm_without_bias", "y",
+            "y is LayerNorm's (x - mean) * rstd * weight: RMSNorm subtracts no mean, neither "
+            "in the statistic nor in y. y = x * rstd * weight, with rstd = 1 / sqrt(mean(x^2) "
+            "+ eps).", expected=layernorm_without_bias),
     Suspect("mean_down_columns", "y",
             "The mean of squares is taken down each column, across the rows (dim 0), not "
             "along each row: every row needs its own statistic over its N values, the last "
