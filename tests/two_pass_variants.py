@@ -46,11 +46,12 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
 
 
 def _launch(x, weight, eps, *, accumulate=True, loop=True, sum_loop=True,
-            mean_over_block=False, weighted=True, mask_one_past=False, grid=None):
+            mean_over_block=False, weighted=True, mask_one_past=False, grid=None,
+            block=None):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
     n = x2.shape[1]
-    block = min(BLOCK_N, triton.next_power_of_2(n))
+    block = block or min(BLOCK_N, triton.next_power_of_2(n))
     two_pass_kernel[grid or (x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
                                     BLOCK_N=block, ACCUMULATE=accumulate, LOOP=loop,
                                     SUM_LOOP=sum_loop, MEAN_OVER_BLOCK=mean_over_block,
@@ -95,6 +96,12 @@ def mask_one_past_the_end(x, weight, eps=1e-6):
     return _launch(x, weight, eps, mask_one_past=True)
 
 
+def block_of_n(x, weight, eps=1e-6):
+    # min(BLOCK_N, N): tl.zeros([BLOCK_N]) refuses N = 100 ("Shape element 0 must be a power
+    # of 2"), the first thing the kernel makes.
+    return _launch(x, weight, eps, block=min(BLOCK_N, x.shape[-1]))
+
+
 def grid_of_columns(x, weight, eps=1e-6):
     # grid = (N,): one program per column. Programs past the last row reach far past x and
     # y (see rmsnorm_variants.grid_of_columns): not in BROKEN.
@@ -108,4 +115,5 @@ BROKEN = {
     "missing_eps": (missing_eps, "eps is missing from the square root"),
     "no_weight": (no_weight, "y lacks the weight"),
     "mask_one_past_the_end": (mask_one_past_the_end, "Use cols < n_cols, not cols <= n_cols"),
+    "block_of_n": (block_of_n, "tl.arange(0, BLOCK_N) and tl.zeros([BLOCK_N]) need"),
 }

@@ -80,8 +80,10 @@ _CALL_FINDINGS = {
 _LOOP_VARIABLE = re.compile(r"'int' object has no attribute '(\w+)'")
 
 
-# Triton refuses a block whose length is not a power of two, in both modes.
-_ARANGE = re.compile(r"arange's range must be a power of 2")
+# Triton refuses a block whose length is not a power of two, in both modes: tl.arange says
+# so in its words, tl.zeros (a two-pass kernel's accumulator, made first) in others.
+_ARANGE = re.compile(r"arange's range must be a power of 2|Shape element \d+ must be a power "
+                     r"of 2")
 # PyTorch, when backward returns a gradient of another input's shape (dx and dw swapped).
 _GRADIENT_SHAPE = re.compile(r"returned an invalid gradient at index (\d+) - got \[([\d, ]*)\] "
                              r"but expected shape compatible with \[([\d, ]*)\]")
@@ -92,9 +94,11 @@ def _error_hint(error: str) -> str:
     often (a block that is not a power of two, gradients in the wrong order, a known
     difference between the interpreter and a GPU); empty otherwise."""
     if _ARANGE.search(error):
-        return ("\n  tl.arange(0, BLOCK_N) needs a power-of-two length, and a row's N need not "
-                "be one: launch with BLOCK_N = triton.next_power_of_2(N) (a tl.constexpr), "
-                "and mask the columns past N, mask = cols < n_cols, in every load and store.")
+        return ("\n  tl.arange(0, BLOCK_N) and tl.zeros([BLOCK_N]) need a power-of-two "
+                "length, and a row's N need not be one: launch with BLOCK_N = "
+                "triton.next_power_of_2(N) (a tl.constexpr; for a loop over the row, "
+                "min(1024, triton.next_power_of_2(N))), and mask the columns past N, mask = "
+                "cols < n_cols, in every load and store.")
     shape = _GRADIENT_SHAPE.search(error)
     if shape:
         return (f"\n  backward's value at index {shape.group(1)}, the gradient of forward's "
