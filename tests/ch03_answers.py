@@ -79,6 +79,10 @@ MISTAKES = {
         "lets each output be freed, so the next call reuses its block",
         {TIMER: [("outputs.append(fn(*args))", "fn(*args)")]},
         _TIMER_CELLS, "wrote to memory a recent call had written"),
+    "total_not_mean": Mistake(
+        "returns the total of the calls, not divided by reps",
+        {TIMER: [("/ reps / 1e3", "/ 1e3")]},
+        _TIMER_CELLS, "it returned the total of all the calls"),
     "milliseconds": Mistake(
         "returns elapsed_time's milliseconds",
         {TIMER: [("/ reps / 1e3", "/ reps")]},

@@ -11,7 +11,7 @@ drawn from its own seed) whose true time per call it knows, and whose way of foo
 timer it can predict: a timer that reads the host's clock without synchronising measures
 the launch, one without a warm-up counts the compilation, one that reuses an input or lets
 its outputs be freed finds them in L2. A wrong time is compared with each of those and
-the message names the one it matches.
+the message names the one that matches it on every simulated GPU.
 """
 
 from __future__ import annotations
@@ -72,14 +72,24 @@ class _Simulation:
         return f"simulated GPU {self.spec}"
 
 
-def _diagnose(got: float, times: timing.SimTimes) -> str | None:
-    """The mistake whose prediction `got` matches, if one does."""
-    best, best_gap = None, MATCH
-    for name, predicted in times.mistakes().items():
-        gap = abs(got / predicted - 1)
-        if gap <= best_gap:
-            best, best_gap = name, gap
-    return best
+def _matching(got: float, times: timing.SimTimes) -> dict[str, float]:
+    """The mistakes whose prediction `got` matches, each with its gap (the share it is off)."""
+    gaps = {name: abs(got / predicted - 1) for name, predicted in times.mistakes().items()}
+    return {name: gap for name, gap in gaps.items() if gap <= MATCH}
+
+
+def _diagnose(matches: list[dict[str, float]]) -> str | None:
+    """The mistake that matches every simulated GPU's wrong time (`matches`: one
+    `_matching` per GPU), the closest over all of them if several do; None if none does.
+    One GPU alone may not tell two mistakes apart: where the first call's compilation
+    costs about as much as the other calls together, no warm-up reads like the total of
+    all the calls."""
+    if not matches:
+        return None
+    common = set(matches[0]).intersection(*matches[1:])
+    if not common:
+        return None
+    return min(common, key=lambda name: max(m[name] for m in matches))
 
 
 def _is_honest(got: float, times: timing.SimTimes) -> bool:
@@ -102,7 +112,7 @@ def honest_timer(time_workload: Callable[[str, int], float], *, seed: int | None
         raise TypeError(f"pass the function time_workload itself, not "
                         f"{type(time_workload).__name__}")
     seed = fresh_seed() if seed is None else int(seed)
-    results, named = [], []
+    results, matches = [], []
     for spec in _specs(seed):
         times = timing.simulated_times(spec, REPS)
         problem = None
@@ -115,9 +125,7 @@ def honest_timer(time_workload: Callable[[str, int], float], *, seed: int | None
                     not math.isfinite(float(got)) or got <= 0:
                 problem = f"returned {got!r}: the time a call takes is a positive number"
             elif not _is_honest(float(got), times):
-                mistake = _diagnose(float(got), times)
-                if mistake is not None:
-                    named.append(mistake)
+                matches.append(_matching(float(got), times))
                 problem = (f"returned {float(got) * 1e6:,.1f} us a call; the simulated GPU "
                            f"takes {times.true_s * 1e6:,.1f} us (launch "
                            f"{times.params.launch_s * 1e6:.1f} us, first call "
@@ -129,8 +137,9 @@ def honest_timer(time_workload: Callable[[str, int], float], *, seed: int | None
     failing = [r for r in results if not r.passed]
     if failing:
         first = failing[0].findings[0].message
-        if named and len(set(named)) == 1 and len(named) == len(failing):
-            advice.append(f"time_per_call is off: {_MISTAKES[named[0]]}.\n  e.g. {first}.")
+        mistake = _diagnose(matches) if len(matches) == len(failing) else None
+        if mistake is not None:
+            advice.append(f"time_per_call is off: {_MISTAKES[mistake]}.\n  e.g. {first}.")
         else:
             advice.append(f"time_per_call is off on {len(failing)} of {len(results)} "
                           f"simulated GPUs, e.g. {first}.")
