@@ -45,6 +45,10 @@ MISTAKES = {
         "leaves out the weight's read",
         {BYTES: [('("w * h", N * e + MN * e + MN * e)', '("w * h", MN * e + MN * e)')]},
         _BYTES_CELLS, "left out the weight's read"),
+    "weight_per_row": Mistake(
+        "counts the weight once per row",
+        {BYTES: [('("w * h", N * e + MN * e + MN * e)', '("w * h", MN * e + MN * e + MN * e)')]},
+        _BYTES_CELLS, "you counted the weight once per row"),
     "mean_as_mn": Mistake(
         "counts the per-row mean as M*N values",
         {BYTES: [('("mean(-1)", MN * f32 + M * f32)', '("mean(-1)", MN * f32 + MN * f32)')]},

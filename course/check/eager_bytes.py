@@ -11,10 +11,10 @@ plus what it writes. The names are the learner's own labels; the byte counts are
 launch by launch, with `course.traffic.eager_rmsnorm`, the reference.
 
 A wrong list is compared with the mistakes learners make (float32 temporaries counted at
-x's width, the weight's read left out, a per-row statistic counted as M*N elements, the
-output of `w * h` at the wrong width, and any combination of them; a launch missing or one
-too many) and the message names the one that fits every case. As in chapter 02, a function
-that calls into `course.traffic` fails whatever it returns.
+x's width, the weight's read left out or counted once per row, a per-row statistic counted
+as M*N elements, the output of `w * h` at the wrong width, and any combination of them; a
+launch missing or one too many) and the message names the one that fits every case. As in
+chapter 02, a function that calls into `course.traffic` fails whatever it returns.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ _SLIPS = (
           "the mean, rstd, h * rstd) is float32, 4 bytes an element, whatever x's dtype"),
     _Slip("no_weight", "you left out the weight's read in the last launch, w * h: it reads "
           "the N weights (once: the other rows find them in L2) as well as h"),
+    _Slip("weight_per_row", "you counted the weight once per row, M*N values: the last "
+          "launch, w * h, reads the N weights once from HBM (the first row fetches them; the "
+          "other rows find them in L2), so it moves N weights, not M*N"),
     _Slip("mean_as_mn", "you counted the per-row mean as M*N values: mean(-1, keepdim=True) "
           "writes one float32 value a row, M of them"),
     _Slip("row_as_mn", "you counted every per-row statistic as M*N values: mean(-1) writes "
@@ -69,7 +72,7 @@ def model_launches(M: int, N: int, e: int, slips: frozenset[str] = frozenset()
     answer. Without slips it agrees with course.traffic (tests/test_ch03_exercises.py)."""
     t = e if "temp_width" in slips else FP32      # float32 temporaries
     r = M * N if "row_as_mn" in slips else M      # elements of a per-row statistic
-    w = 0 if "no_weight" in slips else N * e
+    w = 0 if "no_weight" in slips else (M * N * e if "weight_per_row" in slips else N * e)
     out = FP32 if "out_width" in slips else e
     MN = M * N
     converts = e != FP32
