@@ -294,6 +294,30 @@ def add_rmsnorm_reads_twice(x, residual, weight, eps=1e-6):
 
 
 @triton.jit
+def _add_rmsnorm_rereads_residual_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, n_cols, eps,
+                                         BLOCK_N: tl.constexpr):
+    # Right, and x is kept: only the residual is loaded again, to add it anew for y.
+    at = tl.program_id(0) * n_cols + tl.arange(0, BLOCK_N)
+    mask = tl.arange(0, BLOCK_N) < n_cols
+    x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    h = (x + tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32)).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + at, h, mask=mask)
+    h = h.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    again = x + tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    again = again.to(h_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + tl.arange(0, BLOCK_N), mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + at, (again * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rmsnorm_rereads_residual(x, residual, weight, eps=1e-6):
+    y, h = torch.empty_like(x), torch.empty_like(x)
+    _add_rmsnorm_rereads_residual_kernel[(x.shape[0],)](
+        x, residual, weight, y, h, x.shape[1], eps, BLOCK_N=triton.next_power_of_2(x.shape[1]))
+    return y, h
+
+
+@triton.jit
 def _layernorm_reads_twice_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_cols, eps,
                                   BLOCK_N: tl.constexpr):
     # Right, but x is loaded again for y instead of kept.
@@ -334,3 +358,13 @@ def test_without_a_gpu_chapters_05_and_06_refuse_a_second_read_of_x(chapter, cap
     assert f"Chapter {chapter} asks for one read of x" in str(refused.value)
     assert checker(honest) is None
     assert "needs a GPU" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
+def test_without_a_gpu_chapter_05_refuses_a_second_read_of_the_residual_alone():
+    # Only x was counted, on the belief that a kernel reading the residual again reads x
+    # again too: this one keeps x and passed.
+    with pytest.raises(AssertionError) as refused:
+        check.add_rmsnorm_bandwidth(add_rmsnorm_rereads_residual)
+    assert "your kernel reads each row of `residual` twice" in str(refused.value)
+    assert "Chapter 05 asks for one read of x and of the residual" in str(refused.value)

@@ -305,9 +305,10 @@ def add_rmsnorm_bandwidth(fn: Callable, *, target: float = 0.75,
                           shape: tuple[int, int] = (16384, 4096),
                           dtype: torch.dtype | None = None, retries: int = 3,
                           on_cpu: str = "skip") -> BandwidthResult | None:
-    """On a GPU: check both outputs at `shape`, require one load of each element of x (as
-    rmsnorm_forward_bandwidth does), then `target` of the copy bandwidth (ideal bytes: x,
-    residual and the weight read once, y and residual_out written once)."""
+    """On a GPU: check both outputs at `shape`, require one load of each element of x and
+    of the residual (as rmsnorm_forward_bandwidth does of x), then `target` of the copy
+    bandwidth (ideal bytes: x, residual and the weight read once, y and residual_out written
+    once)."""
     if dtype is None:
         dtype = bf16 if runtime.supports_bf16() else f16
     m, n = shape
@@ -318,11 +319,11 @@ def add_rmsnorm_bandwidth(fn: Callable, *, target: float = 0.75,
                 torch.randn((rows, n), dtype=dtype, device=runtime.DEVICE),
                 torch.rand(n, dtype=dtype, device=runtime.DEVICE) + 0.5)
 
-    # x stands for both inputs: a kernel that reads the residual again reads x again too.
+    # Both inputs counted: a kernel may keep x and read the residual again to add it anew.
     spec = CallSpec(ADD_RMSNORM.output_names,
                     lambda x, residual, w: reference.add_rmsnorm(x, residual, w, eps=1e-6),
                     (dtype, dtype), max_launches=ADD_RMSNORM.max_launches,
-                    arg_names=("x", "residual", "weight"), read_once="x",
+                    arg_names=("x", "residual", "weight"), read_once=("x", "residual"),
                     read_once_advice=ONE_READ_ADVICE)
     nbytes = traffic.fused_add_rmsnorm(m, n, dtype).bytes
     return check_bandwidth(label, fn, make_args, nbytes, spec=spec, target=target,

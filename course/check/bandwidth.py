@@ -81,7 +81,8 @@ class CallSpec:
     extra_atol: Callable[..., Sequence[float | torch.Tensor | None]] | None = None
     max_launches: int = 1
     arg_names: tuple[str, ...] = ()
-    read_once: str | None = None  # an argument no element of which may be loaded twice
+    # Arguments no element of which may be loaded twice: a name, or several.
+    read_once: str | tuple[str, ...] | None = None
     read_once_advice: str = ""     # what to do about it, for the message
 
     def __post_init__(self) -> None:
@@ -89,8 +90,15 @@ class CallSpec:
             raise ValueError(f"{len(self.names)} output names but {len(self.dtypes)} dtypes")
         if self.max_launches < 1:
             raise ValueError(f"max_launches must be at least 1, got {self.max_launches}")
-        if self.read_once is not None and self.read_once not in self.arg_names:
-            raise ValueError(f"read_once names {self.read_once!r}, not one of arg_names")
+        for name in self.read_once_names:
+            if name not in self.arg_names:
+                raise ValueError(f"read_once names {name!r}, not one of arg_names")
+
+    @property
+    def read_once_names(self) -> tuple[str, ...]:
+        if self.read_once is None:
+            return ()
+        return (self.read_once,) if isinstance(self.read_once, str) else tuple(self.read_once)
 
     def expected(self, args: Sequence[Any]) -> tuple[tuple[torch.Tensor, ...],
                                                      tuple[float | torch.Tensor | None, ...]]:
@@ -207,28 +215,29 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
 
 def refuse_second_reads(label: str, call: Any, args: Sequence[Any], spec: CallSpec) -> None:
     """Raise AssertionError when the kernels of a traced call (a replay.TracedCall) load any
-    element of the argument `spec.read_once` more than once, or when their loads cannot be
+    element of an argument of `spec.read_once` more than once, or when their loads cannot be
     counted. They are counted on the kernels rebuilt from their source with a counter on
-    every load, the call's work replayed on `args` (course.verify.load_count). For a
-    function in the learner's process (course.verify) that happens here, in the verifier,
-    on a GPU: the kernels are compiled there, never run as Python."""
+    every load, the call's work replayed on `args` (course.verify.load_count), once per
+    argument counted. For a function in the learner's process (course.verify) that happens
+    here, in the verifier, on a GPU: the kernels are compiled there, never run as Python."""
     from course.verify.load_count import load_counts
     from course.verify.replay import NotReplayable
 
-    name = spec.read_once
-    index = spec.arg_names.index(name)
-    try:
-        counts = load_counts(call, args, index)
-    except NotReplayable as why:
-        raise AssertionError(
-            f"{label}: this exercise asks for one read of `{name}`, and the grader counts "
-            "the reads by running your kernels again with a counter on every load; it cannot "
-            f"count yours: {why}. {spec.read_once_advice}") from None
-    message = second_reads(counts, name)
-    if message is not None:
-        raise AssertionError(
-            f"{label}: {message} (counted over every load your kernels made in one call, "
-            f"with `{name}` of shape {tuple(args[index].shape)}). {spec.read_once_advice}")
+    for name in spec.read_once_names:
+        index = spec.arg_names.index(name)
+        try:
+            counts = load_counts(call, args, index)
+        except NotReplayable as why:
+            raise AssertionError(
+                f"{label}: this exercise asks for one read of `{name}`, and the grader counts "
+                "the reads by running your kernels again with a counter on every load; it "
+                f"cannot count yours: {why}. {spec.read_once_advice}") from None
+        message = second_reads(counts, name)
+        if message is not None:
+            raise AssertionError(
+                f"{label}: {message} (counted over every load your kernels made in one call, "
+                f"with `{name}` of shape {tuple(args[index].shape)}). "
+                f"{spec.read_once_advice}")
 
 
 def second_reads(counts: torch.Tensor, name: str) -> str | None:
