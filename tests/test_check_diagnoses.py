@@ -260,6 +260,14 @@ def test_a_mask_one_column_too_long_is_named_in_the_picture():
     assert "The mask is missing" not in picture, picture
 
 
+def test_a_loop_whose_mask_compares_with_block_n_is_not_told_only_to_loop():
+    # Its columns past the first block were never written, and the advice had been "Make
+    # the block cover the whole row ... or loop over the row in blocks": it loops already.
+    message = _failure(check.rmsnorm_two_pass, two_pass_variants.second_mask_by_block)
+    assert "Columns 1024 and beyond were never written" in message, message
+    assert "a mask cols < BLOCK_N switches off every block after the first" in message, message
+
+
 # --------------------------------------------------------------------------- output order
 
 

@@ -18,7 +18,8 @@ BLOCK_N = 1024  # several blocks per row for the long-row cases
 def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                     BLOCK_N: tl.constexpr, ACCUMULATE: tl.constexpr, LOOP: tl.constexpr,
                     SUM_LOOP: tl.constexpr, MEAN_OVER_BLOCK: tl.constexpr,
-                    WEIGHTED: tl.constexpr, MASK_ONE_PAST: tl.constexpr):
+                    WEIGHTED: tl.constexpr, MASK_ONE_PAST: tl.constexpr,
+                    MASK_BY_BLOCK: tl.constexpr = False):
     row = tl.program_id(0)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     end = n_cols if LOOP else BLOCK_N
@@ -38,6 +39,8 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
     for start in range(0, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols <= n_cols if MASK_ONE_PAST else cols < n_cols
+        if MASK_BY_BLOCK:  # the bug: true on the first block only, and past its row's end
+            mask = cols < BLOCK_N
         x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
         y = x * rstd
         if WEIGHTED:  # the bug, when not: the weight is never applied
@@ -47,7 +50,7 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
 
 def _launch(x, weight, eps, *, accumulate=True, loop=True, sum_loop=True,
             mean_over_block=False, weighted=True, mask_one_past=False, grid=None,
-            block=None):
+            block=None, mask_by_block=False):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
     n = x2.shape[1]
@@ -55,7 +58,8 @@ def _launch(x, weight, eps, *, accumulate=True, loop=True, sum_loop=True,
     two_pass_kernel[grid or (x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), n, eps,
                                     BLOCK_N=block, ACCUMULATE=accumulate, LOOP=loop,
                                     SUM_LOOP=sum_loop, MEAN_OVER_BLOCK=mean_over_block,
-                                    WEIGHTED=weighted, MASK_ONE_PAST=mask_one_past)
+                                    WEIGHTED=weighted, MASK_ONE_PAST=mask_one_past,
+                                    MASK_BY_BLOCK=mask_by_block)
     return y.view(x.shape)
 
 
@@ -94,6 +98,13 @@ def no_weight(x, weight, eps=1e-6):
 def mask_one_past_the_end(x, weight, eps=1e-6):
     # mask = cols <= n_cols: every row reads (and writes) one column of the next.
     return _launch(x, weight, eps, mask_one_past=True)
+
+
+def second_mask_by_block(x, weight, eps=1e-6):
+    # mask = cols < BLOCK_N in the second loop: its first block runs past short rows, and
+    # no later block stores anything. It was told to loop over the row, which it does. Its
+    # advice is no_loop's too (columns past the first block never written): not in BROKEN.
+    return _launch(x, weight, eps, mask_by_block=True)
 
 
 def block_of_n(x, weight, eps=1e-6):

@@ -206,7 +206,9 @@ def _value_advice(results: Sequence[CaseResult]) -> tuple[str, str] | None:
             f"Columns {k} and beyond were never written (they still hold the checker's NaN): "
             "your kernel covers only the first part of each row. Make the block cover the "
             "whole row: BLOCK_N = triton.next_power_of_2(N) passed as a tl.constexpr, or "
-            "loop over the row in blocks.")
+            "loop over the row in blocks, for start in range(0, n_cols, BLOCK_N), where each "
+            "block's mask compares its columns, cols = start + tl.arange(0, BLOCK_N), with "
+            "n_cols (a mask cols < BLOCK_N switches off every block after the first).")
     matrices = [m for m in first if not m.vector]
     last_rows = {m.unwritten_rows_from() for m in matrices}
     if matrices and None not in last_rows:
