@@ -400,6 +400,12 @@ def ignores_eps(x, weight, eps=1e-6):
     return _launch(rmsnorm_kernel, x, weight, 1e-6).view(x.shape)
 
 
+def eps_of_its_own(x, weight, eps=1e-6):
+    # 1e-5, another common default: the N = 1 rows show it as well as the custom eps case,
+    # and the message had been 'Values are wrong ... Compare your formula'.
+    return _launch(rmsnorm_kernel, x, weight, 1e-5).view(x.shape)
+
+
 def numpy_behind_a_dummy_launch(x, weight, eps=1e-6):
     # Launches a kernel that does nothing useful; the answer is computed with NumPy, which
     # no torch op interception sees.

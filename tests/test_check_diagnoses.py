@@ -249,6 +249,15 @@ def test_a_kernel_without_eps_is_told_so_not_that_it_left_memory_unwritten():
         assert "never wrote" not in message and "Compare your formula" not in message, message
 
 
+def test_an_eps_of_the_kernels_own_is_named_whichever_constant_it_is():
+    # (1e-6 itself, the default, is told apart by the pattern: only the custom eps fails.)
+    for checker, fn in ((check.rmsnorm_forward, rmsnorm_variants.eps_of_its_own),
+                        (check.add_rmsnorm, add_rmsnorm_variants.eps_of_its_own)):
+        message = _failure(checker, fn)
+        assert message.split("\n\n")[1].startswith("eps is a constant of your own"), message
+        assert "Compare your formula" not in message, message
+
+
 # --------------------------------------------------------------------------- masks
 
 

@@ -192,6 +192,11 @@ SUSPECTS = (
             "RMSNorm adds it inside, rstd = 1 / sqrt(mean(h^2) + eps). With the default eps "
             "the two barely differ, so only rows with a small mean square or a larger eps "
             "show it.", expected=_of_the_sum(rmsnorm_suspects.eps_outside_sqrt)),
+    Suspect("constant_eps", "y",
+            "eps is a constant of your own: use the eps argument you are given (pass it on "
+            "to the kernel at the launch). With a small eps the two barely differ, so only "
+            "rows with a small mean square (N = 1) or a non-default eps show it.",
+            matches=_of_the_sum(rmsnorm_suspects.constant_eps)),
     Suspect("variance_not_mean_square", "y",
             "rstd comes from the variance of h, the squares of h - mean(h), as in LayerNorm. "
             "RMSNorm subtracts no mean: rstd = 1 / sqrt(mean(h^2) + eps).",

@@ -97,6 +97,29 @@ def eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
     return _wrong_rmsnorm(t, case, _squares(t).mean(dim=-1, keepdim=True), eps_outside=True)
 
 
+# eps values a wrapper or kernel may hard-code instead of passing the argument on.
+COMMON_EPS = (1e-5, 1e-6)
+
+
+def constant_eps(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is RMSNorm with one of COMMON_EPS other than the case's own, where
+    that differs from the right answer beyond the tolerance (elsewhere a y wrong in some other
+    way, by a bit or two, would match every eps), and from the answer without eps (a missing
+    eps has its own advice)."""
+    mean_square = _squares(t).mean(dim=-1, keepdim=True)
+    for other in (case.eps, 0.0):
+        if compare("y", got, _wrong_rmsnorm(t, replace(case, eps=other), mean_square),
+                   got.dtype) is None:
+            return None
+    for eps in COMMON_EPS:
+        if eps == case.eps:
+            continue
+        want = _wrong_rmsnorm(t, replace(case, eps=eps), mean_square)
+        if compare("y", got, want, got.dtype) is None:
+            return f"y is what eps = {eps:g} gives, where the case passed eps = {case.eps:g}"
+    return None
+
+
 def _centred(t: Tensors) -> torch.Tensor:
     x = t["x"].to(torch.float64)
     return x - x.mean(dim=-1, keepdim=True)
@@ -175,6 +198,11 @@ SUSPECTS = (
             "RMSNorm adds it inside, rstd = 1 / sqrt(mean(x^2) + eps). With the default eps "
             "the two barely differ, so only rows with a small mean square or a larger eps "
             "show it.", expected=eps_outside_sqrt),
+    Suspect("constant_eps", "y",
+            "eps is a constant of your own: use the eps argument you are given, all the "
+            "way to where rstd is computed. With a small eps the two barely differ, so only "
+            "rows with a small mean square (N = 1) or a non-default eps show it.",
+            matches=constant_eps),
     Suspect("variance_not_mean_square", "y",
             "rstd comes from the row's variance, the squares of x - mean(x), as in LayerNorm. "
             "RMSNorm subtracts no mean: rstd = 1 / sqrt(mean(x^2) + eps), the mean of the "
