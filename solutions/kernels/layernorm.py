@@ -323,6 +323,7 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE=MULTIPLE)
     ONE_ROW: tl.constexpr = ROW_BLOCKS > 0
+    HEAD_N: tl.constexpr = LOOP_HEAD if LOOP_HEAD < BLOCK_N else BLOCK_N
     first_row, end, step = rows_of_program(M, ONE_ROW=ONE_ROW)
     for row in range(first_row, end, step):
         x_row = x_ptr + row * stride_x_row
@@ -330,7 +331,9 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         in_row = columns_in_row(first, N, EVEN=EVEN)
         x = _load_to_read_again(x_row, first, in_row)
         if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
-            shift = _row_shift(x_row, N, HEAD=LOOP_HEAD)
+            head = tl.arange(0, HEAD_N)  # within the row's first block: EVEN needs no mask
+            values = tl.load(x_row + head, mask=columns_in_row(head, N, EVEN=EVEN), other=0.0)
+            shift = tl.sum(values.to(tl.float32), axis=0) / tl.minimum(N, HEAD_N)
         else:
             shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
         if ROW_BLOCKS > 1:
