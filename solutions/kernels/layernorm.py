@@ -224,9 +224,11 @@ LOOP_HEAD = tl.constexpr(32)
 
 
 @triton.jit
-def _row_shift(x_row_ptr, N, HEAD: tl.constexpr):
+def _row_shift(x_row_ptr, N, HEAD: tl.constexpr, EVEN: tl.constexpr = False):
+    """The mean of a row's first min(N, HEAD) values (EVEN: HEAD <= N, no mask)."""
     head = tl.arange(0, HEAD)
-    values = tl.load(x_row_ptr + head, mask=head < N, other=0.0).to(tl.float32)
+    values = tl.load(x_row_ptr + head, mask=columns_in_row(head, N, EVEN=EVEN),
+                     other=0.0).to(tl.float32)
     return tl.sum(values, axis=0) / tl.minimum(N, HEAD)
 
 
@@ -330,10 +332,8 @@ def layernorm_fwd_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         first = tl.arange(0, BLOCK_N)
         in_row = columns_in_row(first, N, EVEN=EVEN)
         x = _load_to_read_again(x_row, first, in_row)
-        if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
-            head = tl.arange(0, HEAD_N)  # within the row's first block: EVEN needs no mask
-            values = tl.load(x_row + head, mask=columns_in_row(head, N, EVEN=EVEN), other=0.0)
-            shift = tl.sum(values.to(tl.float32), axis=0) / tl.minimum(N, HEAD_N)
+        if x_ptr.dtype.element_ty.primitive_bitwidth == 16:  # within the first block
+            shift = _row_shift(x_row, N, HEAD=HEAD_N, EVEN=EVEN)
         else:
             shift = tl.sum(x, axis=0) / tl.minimum(N, BLOCK_N)
         if ROW_BLOCKS > 1:
