@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from course import runtime
 
@@ -90,14 +91,23 @@ class Launch:
              mask: np.ndarray, size: int) -> np.ndarray:
         """Record one access; return the lanes to perform (on, and inside an operand)."""
         program = _linear(grid_idx, self.grid)
-        addresses = np.array(addresses, dtype=np.uint64, ndmin=1)
-        on = np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape).copy()
+        addresses, on = _lanes(addresses, mask)
+        performed = on & self.inside(addresses, size)
+        self.accesses.append(Access(program, kind, addresses, on, size, performed))
+        return performed
+
+    def inside(self, addresses: np.ndarray, size: int) -> np.ndarray:
+        """The lanes whose `size` bytes lie within one of the launch's operands."""
         inside = np.zeros(addresses.shape, dtype=bool)
         for operand in self.operands:
             inside |= operand.holds(addresses, size)
-        performed = on & inside
-        self.accesses.append(Access(program, kind, addresses, on, size, performed))
-        return performed
+        return inside
+
+
+def _lanes(addresses: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An access's byte addresses as an array, and its mask as one of the same shape."""
+    addresses = np.array(addresses, dtype=np.uint64, ndmin=1)
+    return addresses, np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape).copy()
 
 
 def _linear(grid_idx: tuple[int, int, int], grid: tuple[int, int, int]) -> int:
@@ -228,6 +238,7 @@ class TensorAccesses:
 class Recording:
     launches: list[Launch] = field(default_factory=list)
     current: Launch | None = None
+    launch_type: ClassVar[type[Launch]] = Launch  # what _launching makes for each launch
 
     def place(self, inputs: Mapping[str, object], outputs: Mapping[str, object]
               ) -> dict[str, TensorAccesses]:
@@ -334,17 +345,14 @@ class FencedLaunch(Launch):
 
     def note(self, grid_idx: tuple[int, int, int], kind: str, addresses: np.ndarray,
              mask: np.ndarray, size: int) -> np.ndarray:
-        addresses = np.array(addresses, dtype=np.uint64, ndmin=1)
-        on = np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape).copy()
+        addresses, on = _lanes(addresses, mask)
         if not on.any():
             return on
         lanes = addresses[on]
         low, high = int(lanes.min()), int(lanes.max()) + size
         if any(o.start <= low and high <= o.start + o.nbytes for o in self.operands):
             return on  # every lane in one tensor: the usual case, checked cheaply
-        inside = np.zeros(addresses.shape, dtype=bool)
-        for operand in self.operands:
-            inside |= operand.holds(addresses, size)
+        inside = self.inside(addresses, size)
         refused = int((on & ~inside).sum())
         if refused:
             program = _linear(grid_idx, self.grid)
@@ -365,7 +373,7 @@ class Fence:
 
     launches: list[FencedLaunch] = field(default_factory=list)
     current: FencedLaunch | None = None
-    launch_type: type = FencedLaunch
+    launch_type: ClassVar[type[Launch]] = FencedLaunch
 
 
 @contextlib.contextmanager
@@ -426,8 +434,7 @@ def _patched(recording: Recording | Fence, attribute: str, what: str) -> Iterato
 
 def _launching(original, recording: Recording, interpreter):
     def call(self, *args, **kwargs):
-        launch = getattr(recording, "launch_type", Launch)(getattr(self.fn, "__name__",
-                                                                   "kernel"))
+        launch = recording.launch_type(getattr(self.fn, "__name__", "kernel"))
         recording.launches.append(launch)
         recording.current = launch
         try:
