@@ -311,10 +311,7 @@ def recorded_table(rows: Sequence[dict[str, str]]) -> str:
     first = rows[0]
     lines = [f"recorded on {first['gpu']}, torch {first['torch']}, triton {first['triton']}, "
              f"{first['date']} ({first['reps']} calls each)"]
-    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
-    for row in rows:
-        groups.setdefault((row["workload"], row["M"], row["N"]), []).append(row)
-    for (name, M, N), group in groups.items():
+    for (name, M, N), group in _by_workload(rows).items():
         by_timer = {r["timer"]: (float(r["mean_us"]), float(r["median_us"])) for r in group}
         lines.append(f"{name}, {M} x {N} {first['dtype']}:{'mean':>31}{'median':>22}")
         for timer, (mean, median) in by_timer.items():
@@ -325,6 +322,15 @@ def recorded_table(rows: Sequence[dict[str, str]]) -> str:
             lines.append(f"  {timer:<36} {mean:9.1f} us {mean / base_mean:6.2f}x "
                          f"{median:9.1f} us {median / base_median:6.2f}x  ({base})")
     return "\n".join(lines)
+
+
+def _by_workload(rows: Sequence[dict[str, str]]) -> dict[tuple[str, str, str],
+                                                          list[dict[str, str]]]:
+    """Recorded rows grouped by (workload, M, N), in the order recorded."""
+    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for row in rows:
+        groups.setdefault((row["workload"], row["M"], row["N"]), []).append(row)
+    return groups
 
 
 # ---------------------------------------------------------------- three timers (chapter 08)
@@ -359,19 +365,14 @@ def three_timers(rows: Sequence[dict[str, str]]) -> list[ThreeTimers]:
     """Each workload and shape of `recorded(gpu)`'s rows, by the three timers, in the order
     recorded. Medians, so that one slow call moves none of the three (do_bench returns the
     mean unless asked; its recorded median is that of its own calls)."""
-    groups: dict[tuple[str, str, str], dict[str, float]] = {}
-    names: dict[tuple[str, str, str], str] = {}
-    for row in rows:
-        key = (row["workload"], row["M"], row["N"])
-        groups.setdefault(key, {})[row["timer"]] = float(row["median_us"])
-        names[key] = row["gpu"]
     found = []
-    for (workload, M, N), by_timer in groups.items():
+    for (workload, M, N), group in _by_workload(rows).items():
+        by_timer = {row["timer"]: float(row["median_us"]) for row in group}
         missing = [t for t in (GPU_TIME, DO_BENCH, CALLER_WAITS) if t not in by_timer]
         if missing:
             raise ValueError(f"{workload} {M} x {N} has no {', '.join(map(repr, missing))} "
                              "timer: scripts/record_timers.py records all three")
-        found.append(ThreeTimers(names[(workload, M, N)], workload, int(M), int(N),
+        found.append(ThreeTimers(group[-1]["gpu"], workload, int(M), int(N),
                                  by_timer[GPU_TIME], by_timer[DO_BENCH], by_timer[CALLER_WAITS]))
     return found
 
