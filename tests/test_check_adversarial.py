@@ -751,6 +751,37 @@ def _static_output_by_address(x, weight, eps=1e-6):
                             y=_static_outputs[key]).view(x.shape)
 
 
+# What an address cache returns when a new input takes the memory of one freed since an
+# earlier check (the visible cell's inputs, then the hidden cell's): a tensor from before the
+# call, with no launch. Here on one shape of the check, whatever the allocator does.
+_from_before = torch.randn(7, 100, generator=torch.Generator().manual_seed(5)).to(runtime.DEVICE)
+
+
+def _old_tensor_on_one_shape(x, weight, eps=1e-6):
+    if tuple(x.shape) == tuple(_from_before.shape):
+        return _from_before
+    return variants.correct(x, weight, eps)
+
+
+def test_a_result_from_before_the_call_returned_without_a_launch_is_named_a_cache():
+    message = _failure(_old_tensor_on_one_shape)
+    assert "returned a result kept from an earlier call, most likely cached by the input's " \
+        "address" in message
+    assert "Seen on odd N (7x100, float32): launched no kernel and returned a tensor that " \
+        "existed before the call (700 of 700 elements of `y` wrong)" in message
+    # Not the advice for a function that launches nothing, nor what old values look like.
+    assert "launched no Triton kernel" not in message and "not masked" not in message
+    assert "FAIL   kept_result\n" in message
+
+
+def test_returning_an_input_without_a_launch_is_not_called_a_kept_result():
+    def returns_x_on_one_shape(x, weight, eps=1e-6):
+        return x if tuple(x.shape) == (7, 100) else variants.correct(x, weight, eps)
+
+    message = _failure(returns_x_on_one_shape)
+    assert "launched no Triton kernel" in message and "kept_result" not in message
+
+
 def test_a_result_cached_by_the_inputs_address_is_refused_by_name():
     _by_address.clear()
     message = _failure(_cached_by_address)

@@ -405,6 +405,14 @@ def learner(tmp_path_factory):
             x.add_(1)
             return x.sum()
 
+        _kept = torch.ones(3)
+
+        def kept(x):
+            return _kept
+
+        def same(x):
+            return x
+
         def picky(x):
             raise ValueError("no thank you")
 
@@ -433,6 +441,17 @@ def test_a_remote_function_returns_values_and_its_torch_ops_reach_the_watch(lear
     assert torch.equal(y, x * 3)
     assert [u.op for u in record.forbidden_ops] == ["aten.mul.Tensor"]
     assert not record.launches
+
+
+def test_the_watch_here_learns_which_outputs_existed_before_the_call(learner):
+    """Held before the call and not given to it: a result kept from an earlier call (an
+    input returned, or a tensor an op made, is neither)."""
+    x = torch.arange(3.0)
+    for name, held in (("kept", True), ("same", False), ("scale", False)):
+        with sandbox.watch() as record:
+            record.note_arguments((x,))
+            y = learner.function(name)(x)
+        assert record.held_before(y) is held, name
 
 
 def test_the_learners_exception_keeps_its_name_and_its_built_in_base(learner):

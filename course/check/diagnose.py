@@ -61,6 +61,14 @@ _CALL_FINDINGS = {
         "step (static caches, CUDA graphs). Keep no results between calls, under any key: "
         "launch your kernel on every call and return what it computed from the values the "
         "tensors hold now."),
+    "kept_result": (
+        "Your function returned a result kept from an earlier call, most likely cached by the "
+        "input's address: on one call it launched no kernel and returned a tensor that "
+        "existed before that call, though it launched its kernel on the others. That call's "
+        "inputs were new tensors, and a new tensor can take the memory, and so the "
+        "x.data_ptr() and id(x), of one freed earlier: a lookup keyed on them finds the old "
+        "answer. Keep no results between calls, under any key: launch your kernel on every "
+        "call and return what it computed from the values the tensors hold now."),
     "stale_by_address": (
         "Wrong when called again with the same input tensors refilled with new values: "
         "something computed from an input on an earlier call (a converted weight, a row "

@@ -125,6 +125,8 @@ class CaseResult:
     # The inputs the call was given, kept alive: the same-buffer probe refills them in
     # place, and while they live no later input can take their memory (their address).
     inputs: Inputs = field(default_factory=dict, repr=False, compare=False)
+    # It launched nothing and returned memory that existed before the call (see kept_result).
+    kept: bool = False
 
     @property
     def passed(self) -> bool:
@@ -323,6 +325,7 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator 
     record = None
     try:
         with sandbox.watch() as record:
+            record.note_arguments(views)
             raw = exercise.call(fn, views, case)
         runtime.synchronize()  # asynchronous GPU faults surface here, inside the try
     except Exception as exc:  # the learner's code (its own asserts too) becomes a report line
@@ -370,9 +373,25 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator 
         if m is not None:
             mismatches.append(m)
     hints = suspect_hints(exercise, originals, case, comparable, {m.name for m in mismatches})
+    kept = not record.launches and any(isinstance(o, torch.Tensor) and record.held_before(o)
+                                       for o in outputs)
     return CaseResult(case, tuple(mismatches), tuple(findings), launches=tuple(record.launches),
                       copies=tuple(str(c) for c in record.copies), outputs=outputs, hints=hints,
-                      warnings=warned, expected=tuple(expected), inputs=inputs)
+                      warnings=warned, expected=tuple(expected), inputs=inputs, kept=kept)
+
+
+def kept_result(result: CaseResult) -> CaseResult:
+    """`result`, a call that launched nothing and returned memory from before the call, as
+    the result kept from an earlier call that it is (for a function that launched its
+    kernels on other calls). Its values are the old call's, so their pattern says nothing
+    about the kernel: only the finding stays."""
+    wrong = ", ".join(f"{m.n_bad} of {m.n_rows * m.n_cols} elements of `{m.name}` wrong"
+                      for m in result.mismatches)
+    values = f" ({wrong})" if wrong else ""
+    return CaseResult(result.case, findings=(Finding(
+        "kept_result", "launched no kernel and returned a tensor that existed before the "
+        f"call{values}, where it launched kernels on the other calls"),),
+        warnings=result.warnings, inputs=result.inputs)
 
 
 def suspect_hints(exercise: Exercise, inputs: Tensors, case: Case,

@@ -203,6 +203,11 @@ def _tensors_in(values: object) -> Iterator[torch.Tensor]:
         yield values.base
 
 
+def _storages(values: object) -> Iterator[int]:
+    """The storage addresses of the tensors among `values` (as `_tensors_in` finds them)."""
+    return (t.untyped_storage().data_ptr() for t in _tensors_in(values))
+
+
 @dataclass
 class CallRecord:
     """What one call did."""
@@ -219,6 +224,10 @@ class CallRecord:
     forbidden_ops: list[OpUse] = field(default_factory=list)
     copies: list[OpUse] = field(default_factory=list)
     allocations: list[PoisonedAllocation] = field(default_factory=list)
+    # Storages the call's torch ops made (allocations, fills, copies, results), and those
+    # of the tensors it was given: an output in neither existed before the call (kept).
+    made_storages: set[int] = field(default_factory=set)
+    argument_storages: set[int] = field(default_factory=set)
     # In the interpreter: what each launch tried to load or store outside every tensor it
     # was given (switched off, see _fenced).
     outside: list[OutsideAccesses] = field(default_factory=list)
@@ -259,6 +268,18 @@ class CallRecord:
 
     def passed_to_launch(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() in self.launched_storages
+
+    def note_arguments(self, values: object) -> None:
+        """The tensors (in a tuple, list or dict's values) that the watched call is given."""
+        if isinstance(values, dict):
+            values = tuple(values.values())
+        self.argument_storages.update(_storages(values))
+
+    def held_before(self, t: torch.Tensor) -> bool:
+        """Whether `t` is memory that existed before the call and that the call was not
+        given: a result kept from an earlier call (no torch op of this call made it)."""
+        storage = t.untyped_storage().data_ptr()
+        return storage not in self.made_storages and storage not in self.argument_storages
 
     def changed_by_launch(self, t: torch.Tensor) -> bool:
         """Whether some launch changed at least one byte of the memory `t` covers (always
@@ -324,9 +345,10 @@ class CallRecord:
                         for o in self.outside],
         }
 
-    def output_facts(self, t: torch.Tensor) -> tuple[bool, bool]:
-        """(passed to a launch, changed by a launch) for an output of the watched call."""
-        return self.passed_to_launch(t), self.changed_by_launch(t)
+    def output_facts(self, t: torch.Tensor) -> tuple[bool, bool, bool]:
+        """(passed to a launch, changed by a launch, held before the call) for an output of
+        the watched call."""
+        return self.passed_to_launch(t), self.changed_by_launch(t), self.held_before(t)
 
     def merge_remote(self, summary: dict) -> None:
         """Add what a watched call in another process did (that record's `summary()`)."""
@@ -343,12 +365,16 @@ class CallRecord:
                          for kernel, grid, loads, stores, programs
                          in summary.get("outside", ())]
 
-    def note_remote_output(self, t: torch.Tensor, passed: bool, changed: bool) -> None:
+    def note_remote_output(self, t: torch.Tensor, passed: bool, changed: bool,
+                           held: bool = False) -> None:
         """`t` holds an output that the other process's record judged: (passed to a launch,
-        changed by a launch) there, for `passed_to_launch` and `changed_by_launch` here."""
+        changed by a launch, held before the call) there, for `passed_to_launch`,
+        `changed_by_launch` and `held_before` here."""
         storage = t.untyped_storage()
         if passed:
             self.launched_storages.add(storage.data_ptr())
+        if not held:
+            self.made_storages.add(storage.data_ptr())
         mask = torch.full((storage.nbytes(),), changed, dtype=torch.bool, device=t.device)
         self.changed_bytes[storage.data_ptr()] = (storage, mask)
 
@@ -417,10 +443,19 @@ class _Interceptor(TorchDispatchMode):
         if record._in_launch:
             return func(*args, **kwargs)
         packet = func.overloadpacket
-        if packet in _ALLOCATIONS:
-            return self._poisoned(func(*args, **kwargs))
         if func.is_view or packet in _METADATA:
             return func(*args, **kwargs)
+        if packet in _ALLOCATIONS:
+            result = self._poisoned(func(*args, **kwargs))
+        else:
+            result = self._dispatched(func, packet, args, kwargs)
+        # What the op made, not the memory it was given (an op in place returns that).
+        given = set(_storages((args, tuple(kwargs.values()))))
+        record.made_storages.update(s for s in _storages(result) if s not in given)
+        return result
+
+    def _dispatched(self, func, packet, args: tuple, kwargs: dict) -> object:
+        record = self.record
         if packet in _FILLS:
             result = func(*args, **kwargs)
             if record.tracer is not None:

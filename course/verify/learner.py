@@ -253,7 +253,7 @@ class Server:
             if type(value) not in (torch.Tensor, torch.nn.Parameter):
                 # A subclass can compute when it is read: only plain values travel.
                 return {"kind": "object", "type": type(value).__name__}
-            facts = record.output_facts(value) if record is not None else (True, True)
+            facts = record.output_facts(value) if record is not None else (True, True, False)
             handle = next(self.handles)
             self.outputs.append((handle, value, value.detach().clone()))
             return {"kind": "tensor", "values": self._sent(value),
@@ -311,6 +311,7 @@ class Server:
                         sinks[name] = stack.enter_context(lab_sweeps.reads_watched())
                 record = stack.enter_context(sandbox.watch(
                     track_changes=message.get("track_changes", True), tracer=tracer))
+                record.note_arguments([self.storages[key] for key in before])
                 result = body()
             runtime.synchronize()  # a GPU fault surfaces here, inside the try
         except BaseException as exc:  # the learner's code (its exit() too): reported
