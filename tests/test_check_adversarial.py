@@ -774,6 +774,33 @@ def test_a_result_from_before_the_call_returned_without_a_launch_is_named_a_cach
     assert "FAIL   kept_result\n" in message
 
 
+class _ComputesWhenRead(torch.Tensor):
+    """A result with no memory of its own that computes with PyTorch whenever an op reads
+    it: a lazy tensor, pushing the work into the checker's comparisons."""
+
+    @staticmethod
+    def __new__(cls, x, weight, eps):
+        t = torch.Tensor._make_wrapper_subclass(cls, x.shape, dtype=x.dtype, device=x.device)
+        t.inputs = (x, weight, eps)
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def real(a):
+            return reference.rmsnorm(*a.inputs) if isinstance(a, _ComputesWhenRead) else a
+        return func(*[real(a) for a in args], **{k: real(v) for k, v in (kwargs or {}).items()})
+
+
+def test_a_result_that_computes_when_read_fails_and_the_watch_reads_no_memory_it_lacks():
+    x = torch.randn(2, 8, device=runtime.DEVICE)
+    with sandbox.watch() as record:
+        lazy = _ComputesWhenRead(x, torch.ones(8, device=runtime.DEVICE), 1e-6)
+        (lazy + 1).sum()  # ops on it run: it has no storage for the watch to look at
+    assert not record.held_before(lazy)
+    message = _failure(lambda x, weight, eps=1e-6: _ComputesWhenRead(x, weight, eps))
+    assert "launched no Triton kernel" in message and "kept_result" not in message
+
+
 def test_returning_an_input_without_a_launch_is_not_called_a_kept_result():
     def returns_x_on_one_shape(x, weight, eps=1e-6):
         return x if tuple(x.shape) == (7, 100) else variants.correct(x, weight, eps)

@@ -204,8 +204,19 @@ def _tensors_in(values: object) -> Iterator[torch.Tensor]:
 
 
 def _storages(values: object) -> Iterator[int]:
-    """The storage addresses of the tensors among `values` (as `_tensors_in` finds them)."""
-    return (t.untyped_storage().data_ptr() for t in _tensors_in(values))
+    """The storage addresses of the tensors among `values` (as `_tensors_in` finds them);
+    a tensor without memory of its own (a wrapper subclass) has none."""
+    for t in _tensors_in(values):
+        address = _storage_address(t)
+        if address is not None:
+            yield address
+
+
+def _storage_address(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage: a wrapper subclass, say
+        return None
 
 
 @dataclass
@@ -278,8 +289,9 @@ class CallRecord:
     def held_before(self, t: torch.Tensor) -> bool:
         """Whether `t` is memory that existed before the call and that the call was not
         given: a result kept from an earlier call (no torch op of this call made it)."""
-        storage = t.untyped_storage().data_ptr()
-        return storage not in self.made_storages and storage not in self.argument_storages
+        storage = _storage_address(t)
+        return (storage is not None and storage not in self.made_storages
+                and storage not in self.argument_storages)
 
     def changed_by_launch(self, t: torch.Tensor) -> bool:
         """Whether some launch changed at least one byte of the memory `t` covers (always
