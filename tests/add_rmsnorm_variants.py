@@ -20,7 +20,8 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
                        NORM_OF_X: tl.constexpr, STORE_SUM: tl.constexpr,
                        WEIGHTED: tl.constexpr, RSTD: tl.constexpr = "right",
                        WEIGHT_ROW_OFFSET: tl.constexpr = False,
-                       WEIGHT_MASKED: tl.constexpr = True):
+                       WEIGHT_MASKED: tl.constexpr = True,
+                       SUM_LOADED_BACK: tl.constexpr = False):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -30,6 +31,8 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
     h = (x + r).to(h_ptr.dtype.element_ty)
     if STORE_SUM:
         tl.store(h_ptr + row * stride_h_row + cols, h, mask=mask)
+    if SUM_LOADED_BACK:  # the bug: the sum it holds, loaded again from residual_out
+        h = tl.load(h_ptr + row * stride_h_row + cols, mask=mask, other=0.0)
     v = x if NORM_OF_X else h.to(tl.float32)
     if RSTD == "eps outside":  # the bug: 1 / (sqrt(mean) + eps)
         rstd = 1.0 / (tl.sqrt(tl.sum(v * v, axis=0) / n_cols) + eps)
@@ -53,7 +56,7 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
 
 def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True,
             residual_stride=None, weighted=True, grid=None, block=None, rstd="right",
-            weight_row_offset=False, weight_masked=True):
+            weight_row_offset=False, weight_masked=True, sum_loaded_back=False):
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -63,7 +66,7 @@ def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True
         x2, r2, weight, y, h, x2.stride(0), stride_r, y.stride(0), h.stride(0), n, eps,
         BLOCK_N=block or triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum,
         WEIGHTED=weighted, RSTD=rstd, WEIGHT_ROW_OFFSET=weight_row_offset,
-        WEIGHT_MASKED=weight_masked)
+        WEIGHT_MASKED=weight_masked, SUM_LOADED_BACK=sum_loaded_back)
     return y.view(x.shape), h.view(x.shape)
 
 
@@ -138,6 +141,14 @@ def weight_without_mask(x, residual, weight, eps=1e-6):
     """Every value right: the masked store leaves out the lanes past the weight's end. Only
     Triton's interpreter can record the load: not in BROKEN."""
     return _launch(x, residual, weight, eps, weight_masked=False)
+
+
+def sum_loaded_back(x, residual, weight, eps=1e-6):
+    """Every value right, one launch: the sum is stored into residual_out, then loaded back
+    from it for the norm instead of kept in registers (a second pass over M*N elements). The
+    correctness checks cannot see it, only the bandwidth check's count of loads: not in
+    BROKEN."""
+    return _launch(x, residual, weight, eps, sum_loaded_back=True)
 
 
 def block_of_4096(x, residual, weight, eps=1e-6):

@@ -368,3 +368,149 @@ def test_without_a_gpu_chapter_05_refuses_a_second_read_of_the_residual_alone():
         check.add_rmsnorm_bandwidth(add_rmsnorm_rereads_residual)
     assert "your kernel reads each row of `residual` twice" in str(refused.value)
     assert "Chapter 05 asks for one read of x and of the residual" in str(refused.value)
+
+
+# ------------------------------- chapter 05: the sum stored, then loaded back from the output
+
+def _read_back(source: str) -> str:
+    """Chapter 05's answer made to load the sum back from residual_out after storing it,
+    instead of converting the rounded value it holds."""
+    for old, new in (("add_rmsnorm_kernel", "add_rmsnorm_read_back_kernel"),
+                     ("def add_rmsnorm(", "def add_rmsnorm_read_back("),
+                     ("    h = h.to(tl.float32)\n",
+                      "    h = tl.load(residual_out_ptr + row * stride_residual_out_row + cols,"
+                      " mask=mask, other=0.0).to(tl.float32)\n")):
+        assert source.count(old) >= 1, old
+        source = source.replace(old, new)
+    return source
+
+
+CH05 = solutions(ROOT, "ch05_fused_add")
+CH05_ANSWER = ("import torch\n" + CH05["ex05_add_rmsnorm_kernel_code"] + "\n\n"
+               + CH05["ex05_add_rmsnorm_wrapper_code"])
+CH05_ANSWERS = CH05_ANSWER + "\n\n" + _read_back(CH05_ANSWER)
+READ_BACK = "your kernel reads `residual_out` back after storing it"
+
+
+@pytest.fixture(scope="module")
+def ch05(tmp_path_factory):
+    """Chapter 05's answer and its read-back twin, as a module of their own."""
+    path = tmp_path_factory.mktemp("ch05") / "ch05_answers.py"
+    path.write_text(CH05_ANSWERS)
+    spec = importlib.util.spec_from_file_location("ch05_answers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _add_args(rows: int = 3, n: int = 100):
+    # 3-D, and the residual's rows padded: the outputs' views differ from the inputs'
+    return (torch.randn(rows, 2, n, device=runtime.DEVICE),
+            torch.randn(rows, 2, n + 28, device=runtime.DEVICE)[..., :n],
+            torch.rand(n, device=runtime.DEVICE) + 0.5)
+
+
+def test_chapter_05s_answer_loads_neither_output_and_its_read_back_loads_residual_out_once(ch05):
+    from course.verify.load_count import output_load_counts
+
+    args = _add_args()
+    shape = args[0].shape
+    _, honest = trace_call(ch05.add_rmsnorm, args)
+    _, back = trace_call(ch05.add_rmsnorm_read_back, args)
+    for position in (0, 1):
+        assert torch.equal(output_load_counts(honest, args, position),
+                           torch.zeros(shape, dtype=torch.int32))
+    assert torch.equal(output_load_counts(back, args, 0), torch.zeros(shape, dtype=torch.int32))
+    assert torch.equal(output_load_counts(back, args, 1), torch.ones(shape, dtype=torch.int32))
+    # the inputs' counts are unchanged: one read each
+    for index in (0, 1):
+        assert torch.equal(load_counts(back, args, index), torch.ones(shape, dtype=torch.int32))
+
+
+def test_a_kernel_that_reads_part_of_an_output_back_is_told_how_much_and_where():
+    from course.check.bandwidth import read_backs
+
+    counts = torch.zeros(4, 8, dtype=torch.int32)
+    counts[2:, :3] = 1
+    assert read_backs(counts, "residual_out") == (
+        "your kernel reads part of `residual_out` back after storing it: 6 of its 32 elements "
+        "were loaded, up to once, in 2 of its rows (the first: row 2), extra reads that a "
+        "fused kernel never makes")
+    assert read_backs(torch.zeros(4, 8), "residual_out") is None
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
+def test_without_a_gpu_chapter_05_refuses_a_sum_loaded_back_from_residual_out(ch05, capsys):
+    """Both inputs read once, one launch, every value right: the count of loads covered the
+    inputs only, so a kernel that stored the sum and loaded it back passed."""
+    import add_rmsnorm_variants
+
+    for fn in (ch05.add_rmsnorm_read_back, add_rmsnorm_variants.sum_loaded_back):
+        with pytest.raises(AssertionError) as refused:
+            check.add_rmsnorm_bandwidth(fn)
+        message = str(refused.value)
+        assert READ_BACK in message, message
+        assert "every element of `residual_out` was loaded once" in message
+        assert "an extra read of M*N elements" in message
+        assert "keep h in registers" in message and "h.to(tl.float32)" in message
+        assert "instead of loading residual_out again" in message
+    assert check.add_rmsnorm_bandwidth(ch05.add_rmsnorm) is None
+    assert "needs a GPU" in capsys.readouterr().out
+
+
+def _timed_check(fn, spec_dtype=torch.float32):
+    from course.check.add_rmsnorm import add_rmsnorm_call_spec
+
+    def make_args():
+        return (torch.randn(16, 300, device=runtime.DEVICE),
+                torch.randn(16, 300, device=runtime.DEVICE),
+                torch.rand(300, device=runtime.DEVICE) + 0.5)
+
+    return timed_bandwidth_check("add_rmsnorm 16x300", fn, make_args, 10**6,
+                                 add_rmsnorm_call_spec(spec_dtype), target=0.75, reps=4)
+
+
+def test_the_timed_check_refuses_a_sum_loaded_back_before_timing(ch05, fake_timer):
+    """The path a GPU takes (the watched call before timing counts the loads), run here in
+    the interpreter with a pretend timer."""
+    with pytest.raises(AssertionError, match=f"add_rmsnorm 16x300: {READ_BACK}"):
+        _timed_check(ch05.add_rmsnorm_read_back)
+    assert _timed_check(ch05.add_rmsnorm).passed
+
+
+@pytest.fixture(scope="module")
+def ch05_learner(tmp_path_factory):
+    """A learner's process, as the autograder starts it, that ran chapter 05's answer and
+    its read-back twin."""
+    from test_verify import started_learner
+
+    found = started_learner(tmp_path_factory.mktemp("ch05_learner"), CH05_ANSWERS)
+    yield found
+    found.process.close()
+
+
+def test_the_verifier_counts_the_read_back_on_the_trace_of_the_call_it_times(ch05_learner,
+                                                                              fake_timer):
+    """In grading the learner's function runs in its own process: the verifier counts the
+    loads of the outputs on the trace it received, with the kernels rebuilt from source."""
+    with pytest.raises(AssertionError, match=f"add_rmsnorm 16x300: {READ_BACK}"):
+        _timed_check(ch05_learner.function("add_rmsnorm_read_back"))
+    assert _timed_check(ch05_learner.function("add_rmsnorm")).passed
+
+
+@pytest.mark.gpu
+def test_gpu_bandwidth_check_refuses_chapter_05s_sum_loaded_back(ch05):
+    import add_rmsnorm_variants
+
+    for fn in (ch05.add_rmsnorm_read_back, add_rmsnorm_variants.sum_loaded_back):
+        with pytest.raises(AssertionError, match=READ_BACK):
+            check.add_rmsnorm_bandwidth(fn)
+    assert check.add_rmsnorm_bandwidth(ch05.add_rmsnorm).passed
+
+
+def test_a_spec_refuses_a_write_only_name_that_is_not_an_output():
+    from course.check.bandwidth import CallSpec
+
+    with pytest.raises(ValueError, match="write_only names 'h', not one of the output names"):
+        CallSpec(("y", "residual_out"), lambda *a: a, (torch.float32,) * 2, write_only=("h",))
+    assert CallSpec(("y",), lambda *a: a, (torch.float32,), write_only=("y",)).counts_loads

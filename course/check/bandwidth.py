@@ -73,6 +73,11 @@ class CallSpec:
     absolute tolerance per output (None where there is none, see `compare`). A call may
     launch up to `max_launches` Triton kernels and run no PyTorch compute op, as in the
     exercise's correctness checks. `arg_names` name the arguments in messages.
+
+    `read_once` names arguments no element of which the call's kernels may load twice,
+    `write_only` outputs (of `names`) no element of which they may load at all: a fused
+    kernel keeps what it stores in registers, and reading an output back is one more pass
+    over it. Both are counted on the call's own kernels (`refuse_second_reads`).
     """
 
     names: tuple[str, ...]
@@ -84,6 +89,9 @@ class CallSpec:
     # Arguments no element of which may be loaded twice: a name, or several.
     read_once: str | tuple[str, ...] | None = None
     read_once_advice: str = ""     # what to do about it, for the message
+    # Outputs no element of which may be loaded, and what to do instead, for the message.
+    write_only: tuple[str, ...] = ()
+    read_back_advice: str = ""
 
     def __post_init__(self) -> None:
         if len(self.dtypes) != len(self.names):
@@ -93,12 +101,20 @@ class CallSpec:
         for name in self.read_once_names:
             if name not in self.arg_names:
                 raise ValueError(f"read_once names {name!r}, not one of arg_names")
+        for name in self.write_only:
+            if name not in self.names:
+                raise ValueError(f"write_only names {name!r}, not one of the output names")
 
     @property
     def read_once_names(self) -> tuple[str, ...]:
         if self.read_once is None:
             return ()
         return (self.read_once,) if isinstance(self.read_once, str) else tuple(self.read_once)
+
+    @property
+    def counts_loads(self) -> bool:
+        """Whether a call's loads are counted (of an input read once, or an output)."""
+        return bool(self.read_once_names or self.write_only)
 
     def expected(self, args: Sequence[Any]) -> tuple[tuple[torch.Tensor, ...],
                                                      tuple[float | torch.Tensor | None, ...]]:
@@ -169,8 +185,9 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
     with new values and the function called on them again: a result cached by the inputs'
     addresses is refused at the timing shape too.
 
-    With `spec.read_once`, "before" also counts how many times the call's kernels load
-    each element of that argument (`refuse_second_reads`), on the call's own trace.
+    With `spec.read_once` or `spec.write_only`, "before" also counts how many times the
+    call's kernels load each element of those arguments and outputs
+    (`refuse_second_reads`), on the call's own trace.
 
     Return what the timing then times: `fn`, or for a function that runs in the learner's
     process (course.verify), the replay of this very call's GPU work, traced "before"
@@ -185,7 +202,7 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
     # Not tracking what each launch changed: at the timing shape that copies every argument
     # before each launch, and nothing here reads it.
     traced = getattr(fn, "traced", None) if when == "before" else None
-    counted = when == "before" and spec.read_once is not None
+    counted = when == "before" and spec.counts_loads
     tracer, keys = replay.tracer_for(args) if counted and traced is None else (None, [])
     with sandbox.watch(track_changes=False, tracer=tracer) as record:
         if traced is not None:
@@ -215,12 +232,13 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
 
 def refuse_second_reads(label: str, call: Any, args: Sequence[Any], spec: CallSpec) -> None:
     """Raise AssertionError when the kernels of a traced call (a replay.TracedCall) load any
-    element of an argument of `spec.read_once` more than once, or when their loads cannot be
-    counted. They are counted on the kernels rebuilt from their source with a counter on
-    every load, the call's work replayed on `args` (course.verify.load_count), once per
-    argument counted. For a function in the learner's process (course.verify) that happens
-    here, in the verifier, on a GPU: the kernels are compiled there, never run as Python."""
-    from course.verify.load_count import load_counts
+    element of an argument of `spec.read_once` more than once, or any element of an output
+    of `spec.write_only` at all (`read_backs`), or when their loads cannot be counted. They
+    are counted on the kernels rebuilt from their source with a counter on every load, the
+    call's work replayed on `args` (course.verify.load_count), once per argument or output
+    counted. For a function in the learner's process (course.verify) that happens here, in
+    the verifier, on a GPU: the kernels are compiled there, never run as Python."""
+    from course.verify.load_count import load_counts, output_load_counts
     from course.verify.replay import NotReplayable
 
     for name in spec.read_once_names:
@@ -238,6 +256,20 @@ def refuse_second_reads(label: str, call: Any, args: Sequence[Any], spec: CallSp
                 f"{label}: {message} (counted over every load your kernels made in one call, "
                 f"with `{name}` of shape {tuple(args[index].shape)}). "
                 f"{spec.read_once_advice}")
+    for name in spec.write_only:
+        try:
+            counts = output_load_counts(call, args, spec.names.index(name))
+        except NotReplayable as why:
+            raise AssertionError(
+                f"{label}: this exercise asks that your kernel never load `{name}` back after "
+                "storing it, and the grader counts the reads by running your kernels again "
+                f"with a counter on every load; it cannot count yours: {why}. "
+                f"{spec.read_back_advice}") from None
+        message = read_backs(counts, name)
+        if message is not None:
+            raise AssertionError(
+                f"{label}: {message} (counted over every load your kernels made in one call, "
+                f"with `{name}` of shape {tuple(counts.shape)}). {spec.read_back_advice}")
 
 
 def second_reads(counts: torch.Tensor, name: str) -> str | None:
@@ -255,6 +287,24 @@ def second_reads(counts: torch.Tensor, name: str) -> str | None:
     return (f"your kernel reads part of `{name}` more than once: {int(again.sum())} of its "
             f"{counts.numel()} elements were loaded up to {times}, in {len(rows)} of its "
             f"rows (the first: row {rows[0]})")
+
+
+def read_backs(counts: torch.Tensor, name: str) -> str | None:
+    """What `counts` (loads of each element of the output `name`) say of an output read
+    back, in words; None when no element of it was loaded."""
+    loaded = counts > 0
+    if not bool(loaded.any()):
+        return None
+    most = int(counts.max())
+    times = "once" if most == 1 else ("twice" if most == 2 else f"{most} times")
+    if bool(loaded.all()):
+        return (f"your kernel reads `{name}` back after storing it: every element of `{name}` "
+                f"was loaded {times}, an extra read of M*N elements that a fused kernel "
+                "never makes")
+    rows = loaded.reshape(-1, counts.shape[-1]).any(dim=-1).nonzero().flatten().tolist()
+    return (f"your kernel reads part of `{name}` back after storing it: {int(loaded.sum())} "
+            f"of its {counts.numel()} elements were loaded, up to {times}, in {len(rows)} of "
+            f"its rows (the first: row {rows[0]}), extra reads that a fused kernel never makes")
 
 
 def _check_refilled_call(label: str, fn: Callable[..., Any], args: tuple, spec: CallSpec,
@@ -457,12 +507,12 @@ def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], 
     call is held to `spec` (see `timed_bandwidth_check`).
 
     Without a GPU: on_cpu="skip" prints why and returns None, on_cpu="fail" raises NeedsGPU.
-    Before that, with `spec.read_once` and `small_args`, the loads are counted where they
-    can be (`count_without_gpu`).
+    Before that, with `spec.read_once` or `spec.write_only` and `small_args`, the loads are
+    counted where they can be (`count_without_gpu`).
     """
     on_cpu = resolve_on_cpu(on_cpu)
     if not runtime.on_gpu():
-        if spec.read_once is not None and small_args is not None:
+        if spec.counts_loads and small_args is not None:
             count_without_gpu(label, fn, tuple(small_args()), spec)
         if on_cpu == "skip":
             print(needs_gpu_message(label) + " Skipped.")
@@ -475,9 +525,10 @@ def check_bandwidth(label: str, fn: Callable[..., Any], make_args: Callable[[], 
 def count_without_gpu(label: str, fn: Callable[..., Any], args: tuple, spec: CallSpec) -> None:
     """In Triton's interpreter, call `fn(*args)` once and, if its output is right (a wrong
     one is the correctness checks' to explain), refuse it when its kernels load an element
-    of `spec.read_once` twice (`refuse_second_reads`). Only for a function of this process:
-    the interpreter runs a kernel's body as Python, which the verifier never runs, so a
-    function of the learner's process (course.verify) is counted on a GPU only."""
+    of `spec.read_once` twice, or one of `spec.write_only` at all (`refuse_second_reads`).
+    Only for a function of this process: the interpreter runs a kernel's body as Python,
+    which the verifier never runs, so a function of the learner's process (course.verify)
+    is counted on a GPU only."""
     from course.verify.replay import trace_call
 
     if getattr(fn, "traced", None) is not None:

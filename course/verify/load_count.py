@@ -1,4 +1,5 @@
-"""How many times a traced call's kernels load each element of one of its inputs.
+"""How many times a traced call's kernels load each element of one of its inputs, or of
+one of its outputs (which a fused kernel stores and never loads back).
 
 The kernels of a traced call (course.verify.replay) travel as source. Here each is
 rewritten so that every `tl.load` and every atomic operation (which also reads) first hands
@@ -161,7 +162,75 @@ def load_counts(call: TracedCall, args: Sequence[object], index: int) -> torch.T
     kernels = counting_kernels(call.trace["kernels"], counts, storage.data_ptr(),
                                storage.nbytes())
     Replay(call.trace, call.keys, kernels)(*args)
-    size = x.element_size()
-    per_byte = counts.as_strided((*x.shape, size), (*(s * size for s in x.stride()), 1),
-                                 x.storage_offset() * size)
+    return _per_element(counts, x.element_size(), tuple(x.shape), tuple(x.stride()),
+                        x.storage_offset())
+
+
+# The key under which an output's storage travels into a replay that counts its loads.
+_COUNTED = "counted"
+
+
+def output_load_counts(call: TracedCall, args: Sequence[object], position: int
+                       ) -> torch.Tensor:
+    """How many times the traced call's kernels load each element of the call's output
+    number `position` (in the order it returned them; 0 for a lone tensor), when its work
+    is replayed on `args`: a tensor of that output's shape, on the CPU. A fused kernel
+    keeps what it stores in registers and loads none of it.
+
+    The output's memory is made by the replay, so its address is not known when the
+    counter is written: it is made here instead and handed to the replay as one more input
+    (its allocation taken out of the trace). An output that is an input's memory is
+    counted as that input (the correctness checks refuse writing an input). Raise
+    NotReplayable (CannotCount) where the loads cannot be counted."""
+    field = call.trace["outputs"]
+    if "sequence" in field:
+        items = field["sequence"]
+        if not 0 <= position < len(items):
+            raise ValueError(f"the traced call returned {len(items)} values, no {position}")
+        field = items[position]
+    elif position != 0:
+        raise ValueError(f"the traced call returned one value, no {position}")
+    if "tensor" not in field:
+        raise NotReplayable(f"output {position} of the traced call is not a tensor")
+    view = field["tensor"]
+    key = view["storage"]
+    if key.startswith("input:"):
+        index = call.keys.index(key.removeprefix("input:"))
+        trace, keys, extra = call.trace, call.keys, ()
+        buffer = args[index].untyped_storage()
+        nbytes, start = buffer.nbytes(), buffer.data_ptr()
+        device = args[index].device
+    else:
+        nbytes = next(s["nbytes"] for s in call.trace["steps"]
+                      if s["op"] == "alloc" and s["storage"] == key)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        made = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        trace = dict(call.trace, outputs=_renamed(call.trace["outputs"], key),
+                     steps=[_renamed(s, key) for s in call.trace["steps"]
+                            if not (s["op"] == "alloc" and s["storage"] == key)])
+        keys, extra, start = [*call.keys, _COUNTED], (made,), made.data_ptr()
+    counts = torch.zeros(nbytes, dtype=torch.int32, device=device)
+    kernels = counting_kernels(call.trace["kernels"], counts, start, nbytes)
+    Replay(trace, keys, kernels)(*args, *extra)
+    size = torch.empty(0, dtype=view["dtype"]).element_size()
+    return _per_element(counts, size, view["shape"], view["stride"], view["offset"])
+
+
+def _renamed(value: object, key: str) -> object:
+    """`value` (a trace's step or outputs) with every view of storage `key` on the storage
+    of the counted input instead."""
+    if isinstance(value, dict):
+        return {k: (f"input:{_COUNTED}" if k == "storage" and v == key else _renamed(v, key))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed(v, key) for v in value]
+    return value
+
+
+def _per_element(counts: torch.Tensor, size: int, shape: tuple, stride: tuple,
+                 offset: int) -> torch.Tensor:
+    """Counts per byte of a storage as counts per element of a view on it (the most loads
+    of any of the element's bytes), on the CPU."""
+    per_byte = counts.as_strided((*shape, size), (*(s * size for s in stride), 1),
+                                 offset * size)
     return per_byte.amax(dim=-1).cpu()
