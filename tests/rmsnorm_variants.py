@@ -127,6 +127,27 @@ def missing_mask(x, weight, eps=1e-6):
 
 
 @triton.jit
+def _padding_of_ones_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                            BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    # The bug: the lanes past the row load 1.0, and each adds 1.0 to the sum of squares.
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=1.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def padding_of_ones(x, weight, eps=1e-6):
+    """Masks right, but x's load fills the masked lanes with other=1.0: BLOCK_N - N ones in
+    every row's sum of squares, so rows whose N is not a power of two fail, as they do
+    without a mask (and had been told so)."""
+    return _launch(_padding_of_ones_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
 def _no_row_offset_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                           BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
@@ -420,6 +441,7 @@ def numpy_behind_a_dummy_launch(x, weight, eps=1e-6):
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "missing_mask": (missing_mask, "not masked"),
+    "padding_of_ones": (padding_of_ones, "The masked lanes' fill value enters the sum"),
     "wrong_row_offset": (wrong_row_offset, "Row 0 is right"),
     "low_precision_accumulation": (low_precision_accumulation, "statistics are computed in"),
     "stale_memory": (stale_memory, "never stores"),

@@ -277,6 +277,47 @@ def test_a_loop_whose_mask_compares_with_block_n_is_not_told_only_to_loop():
     assert "a mask cols < BLOCK_N switches off every block after the first" in message, message
 
 
+def test_padding_loaded_as_ones_is_named_not_blamed_on_a_missing_mask():
+    # other=1.0 in x's load: the masks are right, but each masked lane adds 1.0 to the sum
+    # of squares. It fails the cases a missing mask fails, and had been told to add masks.
+    for checker in (check.rmsnorm_forward, check.rmsnorm_two_pass):
+        message = _failure(checker, rmsnorm_variants.padding_of_ones)
+        assert message.split("\n\n")[1].startswith(
+            "The masked lanes' fill value enters the sum"), message
+        assert "Load x with other=0.0: the padding must add nothing to sum(x * x)" in message
+        # Rows of 100 in a block of 128 (triton.next_power_of_2(100)).
+        assert "28 extra ones in each row's sum of squares" in message, message
+        assert MASK_ADVICE not in message, message
+
+
+def test_a_loop_that_stops_before_the_last_partial_block_is_told_to_loop_over_cdiv_blocks():
+    # range(0, n_cols - BLOCK_N + 1, BLOCK_N): fine where N is a multiple of the block, the
+    # columns past the last whole block never summed nor stored elsewhere (rows shorter than
+    # a block: nothing at all). Its advice had been that its loads were not masked.
+    for checker in (check.rmsnorm_two_pass, check.rmsnorm_forward):
+        message = _failure(checker, two_pass_variants.whole_blocks_only)
+        advice = message.split("\n\n")[1]
+        assert advice.startswith("Your loop over the row stops before its last, partial "
+                                 "block"), message
+        assert "Loop over triton.cdiv(n_cols, BLOCK_N) blocks" in advice, message
+        assert "rows of 100 columns are shorter than one block: the loop ran no block" in advice
+        assert MASK_ADVICE not in message, message
+    # The rows of 3000 in blocks of 1024 show the rest of the pattern.
+    message = _failure(check.rmsnorm_two_pass, two_pass_variants.whole_blocks_only)
+    assert "no program wrote any element of y" in message.split("What the kernels")[1]
+
+
+def test_a_sum_that_stops_before_the_last_partial_block_is_told_so():
+    # n_cols // BLOCK_N blocks in the sum's loop only: every column stored, rstd short.
+    for checker in (check.rmsnorm_two_pass, check.rmsnorm_forward):
+        message = _failure(checker, two_pass_variants.sums_whole_blocks_only)
+        advice = message.split("\n\n")[1]
+        assert advice.startswith("The loop that sums the squares stops before the row's "
+                                 "last, partial block"), message
+        assert "Loop over triton.cdiv(n_cols, BLOCK_N) blocks" in advice, message
+        assert MASK_ADVICE not in message and WIDE_ADVICE not in message, message
+
+
 # --------------------------------------------------------------------------- output order
 
 

@@ -10,8 +10,15 @@ import math
 import sys
 
 from course import check, reference, traffic
+from course.check import sandbox
 from course.check.cases import Case
-from course.check.rmsnorm import RMSNORM_FORWARD, SUSPECTS
+from course.check.rmsnorm import (
+    RMSNORM_FORWARD,
+    SUSPECTS,
+    padding_of_ones,
+    whole_blocks_stored,
+    whole_blocks_summed,
+)
 from course.check.suite import run_exercise
 from course.check.torch_reference import TORCH_RMSNORM
 
@@ -226,6 +233,54 @@ def test_dividing_by_the_block_grows_rows_by_sqrt_block_over_n_and_only_for_odd_
     torch.testing.assert_close(ratio, torch.full_like(ratio, math.sqrt(512 / 300)))
     t, case = _inputs((4, 256))
     assert _suspect("divided_by_block").expected(t, case) is None  # the block is the row
+
+
+def test_padding_of_ones_is_matched_only_where_the_ones_change_the_answer():
+    t, case = _inputs((4, 300))
+    right = reference.rmsnorm(t["x"], t["weight"], eps=case.eps)
+    squares = t["x"].double().square()
+    # 212 ones: the lanes 300..511 of a block of 512.
+    ones = t["x"].double() * torch.rsqrt((squares.sum(-1, keepdim=True) + 212) / 300
+                                         + case.eps) * t["weight"].double()
+    detail = padding_of_ones(t, case, ones.float())
+    assert detail is not None and "212 extra ones" in detail and "a block of 512" in detail
+    assert padding_of_ones(t, case, right.float()) is None
+    assert padding_of_ones(t, case, (1.1 * right).float()) is None  # some other mistake
+    t, case = _inputs((4, 256))  # no padding in a power-of-two row
+    assert padding_of_ones(t, case, ones[:, :256].float()) is None
+
+
+def _stored_up_to(right: torch.Tensor, k: int) -> torch.Tensor:
+    with sandbox.watch():  # fresh memory holds the checker's poison
+        y = torch.empty(right.shape, dtype=torch.float32)
+    y[:, :k] = right[:, :k].float()
+    return y
+
+
+def test_whole_blocks_are_matched_only_where_a_loop_shows_them():
+    t, case = _inputs((3, 3000))
+    right = reference.rmsnorm(t["x"], t["weight"], eps=case.eps)
+    x, w = t["x"].double(), t["weight"].double()
+    x, w = t["x"].double(), t["weight"].double()
+
+    def summed_up_to(k):
+        return x * torch.rsqrt(x[:, :k].square().sum(-1, keepdim=True) / 3000 + case.eps) * w
+
+    # Blocks of 512 in both loops: columns 2560.. neither summed nor stored.
+    detail = whole_blocks_stored(t, case, _stored_up_to(summed_up_to(2560), 2560))
+    assert detail is not None and "columns 2560..2999" in detail, detail
+    assert "neither summed nor stored" in detail, detail
+    assert "columns 2560..2999" in whole_blocks_summed(t, case, summed_up_to(2560).float())
+    # The sum right, the stores short.
+    detail = whole_blocks_stored(t, case, _stored_up_to(right, 2560))
+    assert detail is not None and detail.endswith("were never stored"), detail
+    # Up to 2048 (blocks of 1024) or 1024 (one block of 1024 and no loop): a power of two,
+    # the same output as one block that size without a loop, which the tail rule (or the
+    # wide rule) names.
+    for k in (1024, 2048):
+        assert whole_blocks_stored(t, case, _stored_up_to(summed_up_to(k), k)) is None
+        assert whole_blocks_summed(t, case, summed_up_to(k).float()) is None
+    assert whole_blocks_stored(t, case, right.float()) is None
 
 
 # --------------------------------------------------------------- wrong Triton kernels

@@ -19,11 +19,16 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
                     BLOCK_N: tl.constexpr, ACCUMULATE: tl.constexpr, LOOP: tl.constexpr,
                     SUM_LOOP: tl.constexpr, MEAN_OVER_BLOCK: tl.constexpr,
                     WEIGHTED: tl.constexpr, MASK_ONE_PAST: tl.constexpr,
-                    MASK_BY_BLOCK: tl.constexpr = False):
+                    MASK_BY_BLOCK: tl.constexpr = False,
+                    WHOLE_BLOCKS: tl.constexpr = False, SUM_WHOLE_BLOCKS: tl.constexpr = False):
     row = tl.program_id(0)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     end = n_cols if LOOP else BLOCK_N
+    if WHOLE_BLOCKS:  # the bug: both loops stop before the last, partial block
+        end = n_cols - BLOCK_N + 1
     sum_end = end if SUM_LOOP else BLOCK_N
+    if SUM_WHOLE_BLOCKS:  # the bug: the sum's loop counts n_cols // BLOCK_N blocks
+        sum_end = (n_cols // BLOCK_N) * BLOCK_N
     for start in range(0, sum_end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols <= n_cols if MASK_ONE_PAST else cols < n_cols  # the bug: <=
@@ -50,7 +55,7 @@ def two_pass_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps
 
 def _launch(x, weight, eps, *, accumulate=True, loop=True, sum_loop=True,
             mean_over_block=False, weighted=True, mask_one_past=False, grid=None,
-            block=None, mask_by_block=False):
+            block=None, mask_by_block=False, whole_blocks=False, sum_whole_blocks=False):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
     n = x2.shape[1]
@@ -59,7 +64,8 @@ def _launch(x, weight, eps, *, accumulate=True, loop=True, sum_loop=True,
                                     BLOCK_N=block, ACCUMULATE=accumulate, LOOP=loop,
                                     SUM_LOOP=sum_loop, MEAN_OVER_BLOCK=mean_over_block,
                                     WEIGHTED=weighted, MASK_ONE_PAST=mask_one_past,
-                                    MASK_BY_BLOCK=mask_by_block)
+                                    MASK_BY_BLOCK=mask_by_block, WHOLE_BLOCKS=whole_blocks,
+                                    SUM_WHOLE_BLOCKS=sum_whole_blocks)
     return y.view(x.shape)
 
 
@@ -107,6 +113,19 @@ def second_mask_by_block(x, weight, eps=1e-6):
     return _launch(x, weight, eps, mask_by_block=True)
 
 
+def whole_blocks_only(x, weight, eps=1e-6):
+    # for start in range(0, n_cols - BLOCK_N + 1, BLOCK_N) in both loops: the columns past
+    # the last whole block are never summed nor stored (a row shorter than a block, none).
+    # It had been told that its loads were not masked.
+    return _launch(x, weight, eps, whole_blocks=True)
+
+
+def sums_whole_blocks_only(x, weight, eps=1e-6):
+    # n_cols // BLOCK_N blocks in the sum's loop, the second loop right: every column is
+    # written, but rstd leaves out the squares past the last whole block.
+    return _launch(x, weight, eps, sum_whole_blocks=True)
+
+
 def block_of_n(x, weight, eps=1e-6):
     # min(BLOCK_N, N): tl.zeros([BLOCK_N]) refuses N = 100 ("Shape element 0 must be a power
     # of 2"), the first thing the kernel makes.
@@ -127,4 +146,6 @@ BROKEN = {
     "no_weight": (no_weight, "y lacks the weight"),
     "mask_one_past_the_end": (mask_one_past_the_end, "Use cols < n_cols, not cols <= n_cols"),
     "block_of_n": (block_of_n, "tl.arange(0, BLOCK_N) and tl.zeros([BLOCK_N]) need"),
+    "whole_blocks_only": (whole_blocks_only, "are never summed nor stored"),
+    "sums_whole_blocks_only": (sums_whole_blocks_only, "are stored but never summed"),
 }

@@ -439,7 +439,7 @@ ADDRESS_RULES = frozenset({"all_poison", "tail", "last_rows", "strided", "nd_row
                            "row_offset", "wide", "mask", "edge"})
 ADDRESS_FINDINGS = frozenset({"input_written", "input_guard_written", "output_margin_written",
                               "input_read_outside", "outside_every_tensor"})
-ADDRESS_SUSPECTS = frozenset({"weight_row_offset"})
+ADDRESS_SUSPECTS = frozenset({"weight_row_offset", "whole_blocks_stored"})
 
 
 def address_failure(results: Sequence[CaseResult], suspects: Sequence[Suspect] = ()

@@ -4,12 +4,13 @@ The learner writes `rmsnorm(x, weight, eps=1e-6) -> y`: y = x / sqrt(mean(x^2) +
 over the last dimension of an input of any shape, y in x's dtype. A wrong output is also
 compared with the answers of common mistakes (SUSPECTS: no weight, a sum for the mean, eps
 outside the square root, a statistic over the wrong dimension, a division by the padded
-block, a weight loaded with a row offset), so that the message names the bug.
+block, padding loaded as ones, a loop that leaves out the last partial block, a weight
+loaded with a row offset), so that the message names the bug.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from course import reference, runtime, traffic
@@ -19,7 +20,8 @@ from course.check.compare import compare
 from course.check.inputs import GUARD_VALUE, guard_margin
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
-from course.check.runner import Exercise, Suspect, Tensors
+from course.check.runner import CaseResult, Exercise, Suspect, Tensors
+from course.check.sandbox import poison_mask
 
 import torch
 
@@ -155,6 +157,92 @@ def _divided_by_block(t: Tensors, case: Case) -> torch.Tensor | None:
     return _wrong_rmsnorm(t, case, _squares(t).sum(dim=-1, keepdim=True) / block)
 
 
+def _blocks(n: int) -> list[int]:
+    """The power-of-two block sizes a kernel may take for rows of n columns: 1 up to
+    triton.next_power_of_2(n) (a loop over the row takes a smaller one)."""
+    return [1 << e for e in range((n - 1).bit_length() + 1)]
+
+
+def padding_of_ones(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is what a load with other=1.0 gives: each masked lane past the end of
+    the row adds 1.0 to the sum of squares, cdiv(N, B) * B - N of them for blocks of B
+    (B = next_power_of_2(N) for one block a row). Only where that differs from the right
+    answer beyond the tolerance."""
+    n = case.n
+    total = _squares(t).sum(dim=-1, keepdim=True)
+    right = _wrong_rmsnorm(t, case, total / n)
+    seen = set()
+    for block in reversed(_blocks(n)):  # one block a row first
+        padding = -(-n // block) * block - n
+        if padding == 0 or padding in seen:
+            continue
+        seen.add(padding)
+        want = _wrong_rmsnorm(t, case, (total + padding) / n)
+        if compare("y", want.to(got.dtype), right, got.dtype) is None:
+            continue  # too few ones to tell
+        if compare("y", got, want, got.dtype) is None:
+            where = (f"a block of {block}" if block > n
+                     else f"the last of its blocks of {block}")
+            return (f"y is what {padding} extra ones in each row's sum of squares give: the "
+                    f"{padding} lanes past N = {n} in {where}")
+    return None
+
+
+def _whole_blocks(t: Tensors, case: Case, got: torch.Tensor, *, stored: bool) -> str | None:
+    """A detail when y is what a loop over whole blocks only gives (range(0, n_cols - BLOCK_N
+    + 1, BLOCK_N), or n_cols // BLOCK_N blocks), in the sum of squares and, if `stored`, in
+    the stores: the columns from k = (N // B) * B on neither summed nor (if `stored`)
+    written, B a power of two. Only where k is not a power of two: a kernel without a loop,
+    whose one block of B columns covers part of a longer row, leaves out the columns from
+    B on, and has its own advice (the tail rule, "only rows longer than one block")."""
+    n = case.n
+    x = t["x"].to(torch.float64).reshape(-1, n)
+    w = t["weight"].to(torch.float64)
+    y = got.reshape(-1, n)
+    unwritten = poison_mask(got.detach()).reshape(-1, n)
+    right = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + case.eps) * w
+    for k in dict.fromkeys((n // block) * block for block in reversed(_blocks(n))):
+        if k == n or (k & (k - 1) == 0 and k > 0):
+            continue
+        partial = x[:, :k].square().sum(dim=-1, keepdim=True) / n
+        summed_part = x * torch.rsqrt(partial + case.eps) * w
+        if stored:
+            if not bool(unwritten[:, k:].all()):
+                continue
+            if k == 0:
+                return (f"rows of {n} columns are shorter than one block: the loop ran no "
+                        "block, and nothing of y was stored")
+            head = y[:, :k]
+            if compare("y", head, summed_part[:, :k], got.dtype) is None:
+                return (f"columns {k}..{n - 1} of rows of {n}, past the last whole block, "
+                        f"were neither summed nor stored (rstd summed columns 0..{k - 1})")
+            if compare("y", head, right[:, :k], got.dtype) is None:
+                return (f"columns {k}..{n - 1} of rows of {n}, past the last whole block, "
+                        "were never stored")
+        elif compare("y", got, summed_part.reshape(got.shape), got.dtype) is None:
+            if k == 0:
+                return (f"rows of {n} columns are shorter than one block: the sum's loop ran "
+                        "no block, and rstd = 1 / sqrt(eps)")
+            return (f"rstd summed the squares of columns 0..{k - 1} of rows of {n}, the "
+                    f"whole blocks, and left out columns {k}..{n - 1}")
+    return None
+
+
+def whole_blocks_stored(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    return _whole_blocks(t, case, got, stored=True)
+
+
+def whole_blocks_summed(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    return _whole_blocks(t, case, got, stored=False)
+
+
+def _something_stored(results: Sequence[CaseResult]) -> bool:
+    """Some case's y was written somewhere (a kernel that stores nothing anywhere is not
+    looping over too few blocks, and has its own advice)."""
+    return any(r.error is None and not any(m.name == "y" and m.all_poison
+                                           for m in r.mismatches) for r in results)
+
+
 def weight_row_offset(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
     """A detail when y is what a weight loaded at w_ptr + row * stride + cols gives: row r
     times the memory r * stride entries past the weight's start (stride x's row stride, N,
@@ -226,6 +314,28 @@ SUSPECTS = (
             "The weight is one row of N entries that every row of x shares: load it at "
             "w_ptr + cols, with the row's mask, the same in every program.",
             matches=weight_row_offset),
+    Suspect("padding_of_ones", "y",
+            "The masked lanes' fill value enters the sum: x is loaded with other=1.0 (or "
+            "another value that is not 0), so every lane past the end of the row adds its "
+            "square to sum(x * x), and rows whose N is not a power of two get a wrong rstd. "
+            "The mask is right; its fill is not. Load x with other=0.0: the padding must add "
+            "nothing to sum(x * x).", matches=padding_of_ones),
+    Suspect("whole_blocks_stored", "y",
+            "Your loop over the row stops before its last, partial block (range(0, n_cols - "
+            "BLOCK_N + 1, BLOCK_N), or n_cols // BLOCK_N blocks): the columns from the last "
+            "whole block to N are never summed nor stored, and a row shorter than one block "
+            "gets no block at all. Loop over triton.cdiv(n_cols, BLOCK_N) blocks, for start in "
+            "range(0, n_cols, BLOCK_N), in both loops, and mask the last one: cols = start + "
+            "tl.arange(0, BLOCK_N), mask = cols < n_cols, in every load and store.",
+            matches=whole_blocks_stored, across=_something_stored),
+    Suspect("whole_blocks_summed", "y",
+            "The loop that sums the squares stops before the row's last, partial block "
+            "(range(0, n_cols - BLOCK_N + 1, BLOCK_N), or n_cols // BLOCK_N blocks): the "
+            "columns from the last whole block to N are stored but never summed, so rstd "
+            "leaves them out (a row shorter than one block sums nothing). Loop over "
+            "triton.cdiv(n_cols, BLOCK_N) blocks, for start in range(0, n_cols, BLOCK_N), and "
+            "mask the last one: cols = start + tl.arange(0, BLOCK_N), tl.load(..., "
+            "mask=cols < n_cols, other=0.0).", matches=whole_blocks_summed),
     Suspect("divided_by_block", "y",
             "The sum of squares is divided by BLOCK_N, the padded block size, instead of N: "
             "rows whose length is a power of two pass, the others come out sqrt(BLOCK_N / N) "
