@@ -21,11 +21,12 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
                        WEIGHTED: tl.constexpr, RSTD: tl.constexpr = "right",
                        WEIGHT_ROW_OFFSET: tl.constexpr = False,
                        WEIGHT_MASKED: tl.constexpr = True,
-                       SUM_LOADED_BACK: tl.constexpr = False):
+                       SUM_LOADED_BACK: tl.constexpr = False, X_FILL: tl.constexpr = 0.0):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    # X_FILL, when not 0: the bug, masked lanes of h hold it and enter the sum of squares
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=X_FILL).to(tl.float32)
     r = tl.load(r_ptr + row * stride_r_row + cols, mask=mask, other=0.0).to(tl.float32)
     # Round the sum to the storage dtype first: y then normalises exactly what is stored.
     h = (x + r).to(h_ptr.dtype.element_ty)
@@ -56,7 +57,7 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
 
 def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True,
             residual_stride=None, weighted=True, grid=None, block=None, rstd="right",
-            weight_row_offset=False, weight_masked=True, sum_loaded_back=False):
+            weight_row_offset=False, weight_masked=True, sum_loaded_back=False, x_fill=0.0):
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n), residual.reshape(-1, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -66,12 +67,17 @@ def _launch(x, residual, weight, eps, *, h=None, norm_of_x=False, store_sum=True
         x2, r2, weight, y, h, x2.stride(0), stride_r, y.stride(0), h.stride(0), n, eps,
         BLOCK_N=block or triton.next_power_of_2(n), NORM_OF_X=norm_of_x, STORE_SUM=store_sum,
         WEIGHTED=weighted, RSTD=rstd, WEIGHT_ROW_OFFSET=weight_row_offset,
-        WEIGHT_MASKED=weight_masked, SUM_LOADED_BACK=sum_loaded_back)
+        WEIGHT_MASKED=weight_masked, SUM_LOADED_BACK=sum_loaded_back, X_FILL=x_fill)
     return y.view(x.shape), h.view(x.shape)
 
 
 def correct(x, residual, weight, eps=1e-6):
     return _launch(x, residual, weight, eps)
+
+
+def padding_of_ones(x, residual, weight, eps=1e-6):
+    """x loaded with other=1.0: each lane past the end of a row adds 1 to the sum of squares."""
+    return _launch(x, residual, weight, eps, x_fill=1.0)
 
 
 def missing_residual_output(x, residual, weight, eps=1e-6):
@@ -198,4 +204,5 @@ BROKEN = {
     "eps_outside_sqrt": (eps_outside_sqrt, "eps is added outside the square root"),
     "sum_not_mean": (sum_not_mean, "about sqrt(N) times too small"),
     "variance_not_mean_square": (variance_not_mean_square, "rstd comes from the variance of h"),
+    "padding_of_ones": (padding_of_ones, "The masked lanes' fill value enters the sum"),
 }

@@ -212,6 +212,13 @@ SUSPECTS = (
             "stride + cols). The weight is one row of N entries that every row shares: load "
             "it at weight_ptr + cols, with the row's mask, the same in every program.",
             matches=_of_the_sum(rmsnorm_suspects.weight_row_offset)),
+    Suspect("padding_of_ones", "y",
+            "The masked lanes' fill value enters the sum: x (or the residual) is loaded with "
+            "other=1.0, so every lane past the end of the row holds h = 1 there and adds to "
+            "the sum of squares of h, and rows whose N is not a power of two get a wrong "
+            "rstd. The mask is right; its fill is not. Load both with other=0.0: the padding "
+            "must add nothing to sum(h * h).",
+            matches=_of_the_sum(rmsnorm_suspects.padding_of_ones)),
     Suspect("norm_of_x", "y",
             "y is the RMSNorm of x alone. Normalise the sum h = x + residual (the same h you "
             "store as residual_out): that is what the next layer needs.",
