@@ -18,11 +18,12 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
                      UNBIASED: tl.constexpr, CENTRE: tl.constexpr, MEAN_BY_BLOCK: tl.constexpr,
                      VAR_BY_BLOCK: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
                      Y_CENTRED: tl.constexpr, VAR_CENTRED: tl.constexpr,
-                     WEIGHT: tl.constexpr, PARAMS_ROW_OFFSET: tl.constexpr):
+                     WEIGHT: tl.constexpr, PARAMS_ROW_OFFSET: tl.constexpr,
+                     X_FILL: tl.constexpr, BIAS_FIRST: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=X_FILL).to(tl.float32)
     mean = tl.sum(x, axis=0) / (BLOCK_N if MEAN_BY_BLOCK else n_cols)
     if not CENTRE:
         mean = 0.0
@@ -42,8 +43,12 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
     # A row offset on the weight and the bias: every row but the first reads past their end.
     param = row * stride_x_row + cols if PARAMS_ROW_OFFSET else cols
     w = tl.load(w_ptr + param, mask=mask, other=0.0).to(tl.float32)
-    y = centred * rstd * w if WEIGHT else centred * rstd
-    if BIAS:
+    y = centred * rstd
+    if BIAS and BIAS_FIRST:  # ((x - mean) * rstd + bias) * weight: the weight scales the bias
+        y += tl.load(b_ptr + param, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT:
+        y *= w
+    if BIAS and not BIAS_FIRST:
         y += tl.load(b_ptr + param, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -51,7 +56,7 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
 def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=False,
             centre=True, mean_by_block=False, var_by_block=False, eps_outside=False,
             y_centred=True, var_centred=True, weight_applied=True, params_row_offset=False,
-            swapped=False):
+            swapped=False, x_fill=0.0, bias_first=False):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = x2.shape[1]
@@ -65,6 +70,7 @@ def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=F
                                      EPS_OUTSIDE=eps_outside, Y_CENTRED=y_centred,
                                      VAR_CENTRED=var_centred, WEIGHT=weight_applied,
                                      PARAMS_ROW_OFFSET=params_row_offset,
+                                     X_FILL=x_fill, BIAS_FIRST=bias_first,
                                      num_warps=min(16, max(4, block // 512)))
     return y.view(x.shape)
 
@@ -125,6 +131,15 @@ def parameters_row_offset(x, weight, bias, eps=1e-5):
     return _launch(x, weight, bias, eps, params_row_offset=True)
 
 
+def padding_of_ones(x, weight, bias, eps=1e-5):
+    # x loaded with other=1.0: the BLOCK_N - N padding lanes add 1 each to sum(x).
+    return _launch(x, weight, bias, eps, x_fill=1.0)
+
+
+def bias_before_weight(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, bias_first=True)
+
+
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "one_pass": (one_pass, "catastrophic cancellation"),
@@ -140,4 +155,6 @@ BROKEN = {
     "weight_not_applied": (weight_not_applied, "y lacks the weight"),
     "weight_and_bias_swapped": (weight_and_bias_swapped, "weight and the bias are swapped"),
     "parameters_row_offset": (parameters_row_offset, "loaded with a row offset"),
+    "padding_of_ones": (padding_of_ones, "Load x with other=0.0"),
+    "bias_before_weight": (bias_before_weight, "bias is added before the weight multiply"),
 }

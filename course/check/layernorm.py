@@ -97,21 +97,53 @@ def _no_mean(t: Tensors, case: Case) -> torch.Tensor:
     return reference.rmsnorm(t["x"], t["weight"], eps=case.eps) + t["bias"].to(torch.float64)
 
 
-def _padding_in_variance(t: Tensors, case: Case) -> torch.Tensor | None:
+def _padded(t: Tensors, case: Case, fill: float, in_variance: bool) -> torch.Tensor | None:
     """y from a kernel whose whole row is one block of BLOCK_N = next_power_of_2(N) lanes,
-    with masked loads (padding loaded as 0) but an unmasked x - mean: each of the
-    BLOCK_N - N padding lanes then holds -mean and adds mean^2 to the sum of squares.
-    None where N is a power of two (no padding, so no such error)."""
+    with x loaded as `fill` past the end of the row: the BLOCK_N - N padding lanes add
+    `fill` each to the row's sum (so to the mean), and, `in_variance`, (fill - mean)^2 each
+    to the sum of squares (x - mean left unmasked). None where N is a power of two (no
+    padding, so no such error)."""
     n = case.n
     padding = (1 << (n - 1).bit_length()) - n
     if padding == 0:
         return None
     x64 = t["x"].to(torch.float64)
-    mean = x64.mean(dim=-1, keepdim=True)
-    squares = (x64 - mean).square().sum(dim=-1, keepdim=True) + padding * mean.square()
+    mean = (x64.sum(dim=-1, keepdim=True) + padding * fill) / n
+    squares = (x64 - mean).square().sum(dim=-1, keepdim=True)
+    if in_variance:
+        squares = squares + padding * (fill - mean).square()
     rstd = torch.rsqrt(squares / n + case.eps)
     return ((x64 - mean) * rstd * t["weight"].to(torch.float64)
             + t["bias"].to(torch.float64))
+
+
+def _padding_in_variance(t: Tensors, case: Case) -> torch.Tensor | None:
+    """y with the padding loaded as 0 but an unmasked x - mean: each of the BLOCK_N - N
+    padding lanes then holds -mean and adds mean^2 to the sum of squares."""
+    return _padded(t, case, 0.0, in_variance=True)
+
+
+def _padding_of_ones(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is what x loaded with other=1.0 gives (one block a row), with the
+    centred values masked or not; only where the ones change the answer beyond the
+    tolerance."""
+    padding = (1 << (case.n - 1).bit_length()) - case.n
+    right = _padded(t, case, 0.0, in_variance=False)
+    for in_variance, where in ((False, "the mean"), (True, "the mean and the variance")):
+        want = _padded(t, case, 1.0, in_variance)
+        if want is None or compare("y", want.to(got.dtype), right, got.dtype) is None:
+            continue
+        if compare("y", got, want, got.dtype) is None:
+            return (f"y is what {padding} ones past N = {case.n} in each row's block of "
+                    f"{case.n + padding} give, counted in {where}")
+    return None
+
+
+def _bias_before_weight(t: Tensors, case: Case) -> torch.Tensor:
+    """y with the bias added before the weight multiply: ((x - mean) * rstd + bias) * weight."""
+    y = ((_normalised(t, case) + t["bias"].to(torch.float64).reshape(-1))
+         * t["weight"].to(torch.float64).reshape(-1))
+    return y.reshape(t["x"].shape)
 
 
 def _statistics_divided_by(t: Tensors, case: Case, mean_by: int, var_by: int,
@@ -213,6 +245,13 @@ SUSPECTS = (
             "so each of the BLOCK_N - N padding lanes adds mean^2 to the sum of squares. "
             "Mask the centred values: d = tl.where(mask, x - mean, 0.0), then sum d * d.",
             expected=_padding_in_variance),
+    Suspect("padding_of_ones", "y",
+            "The masked lanes' fill value enters the statistics: x is loaded with other=1.0 "
+            "(or another value that is not 0), so each of the BLOCK_N - N lanes past the end "
+            "of the row adds 1 to sum(x) and shifts the mean, and rows whose N is not a "
+            "power of two come out wrong. The mask is right; its fill is not. Load x with "
+            "other=0.0, and keep the centred values masked: tl.where(mask, x - mean, 0.0).",
+            matches=_padding_of_ones),
     Suspect("weight_row_offset", "y",
             "y's first row is right, but each later row uses memory past the end of the "
             "weight or the bias: it is loaded with a row offset (weight_ptr + row * stride + "
@@ -228,6 +267,10 @@ SUSPECTS = (
             "The weight and the bias are swapped: y is (x - mean) * rstd * bias + weight. "
             "The kernel takes weight_ptr before bias_ptr: pass weight, then bias, in that "
             "order, and multiply by the weight, add the bias.", expected=_swapped_parameters),
+    Suspect("bias_before_weight", "y",
+            "The bias is added before the weight multiply: y is ((x - mean) * rstd + bias) * "
+            "weight, so the weight scales the bias too. Multiply by the weight first, then add "
+            "the bias: y = (x - mean) * rstd * weight + bias.", expected=_bias_before_weight),
     Suspect("missing_bias", "y",
             "y lacks the bias: y = (x - mean) * rstd * weight + bias.",
             expected=lambda t, c: reference.layernorm(t["x"], t["weight"],
