@@ -19,7 +19,7 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
                      VAR_BY_BLOCK: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
                      Y_CENTRED: tl.constexpr, VAR_CENTRED: tl.constexpr,
                      WEIGHT: tl.constexpr, PARAMS_ROW_OFFSET: tl.constexpr,
-                     X_FILL: tl.constexpr, BIAS_FIRST: tl.constexpr):
+                     X_FILL: tl.constexpr, BIAS_FIRST: tl.constexpr, RSTD: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -40,6 +40,10 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
         if not Y_CENTRED:
             centred = x
     rstd = 1.0 / (tl.sqrt(var) + eps) if EPS_OUTSIDE else 1.0 / tl.sqrt(var + eps)
+    if RSTD == 1:    # the square root left out
+        rstd = 1.0 / (var + eps)
+    elif RSTD == 2:  # the standard deviation, multiplied by instead of divided by
+        rstd = tl.sqrt(var + eps)
     # A row offset on the weight and the bias: every row but the first reads past their end.
     param = row * stride_x_row + cols if PARAMS_ROW_OFFSET else cols
     w = tl.load(w_ptr + param, mask=mask, other=0.0).to(tl.float32)
@@ -56,7 +60,7 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
 def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=False,
             centre=True, mean_by_block=False, var_by_block=False, eps_outside=False,
             y_centred=True, var_centred=True, weight_applied=True, params_row_offset=False,
-            swapped=False, x_fill=0.0, bias_first=False):
+            swapped=False, x_fill=0.0, bias_first=False, rstd=0):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = x2.shape[1]
@@ -70,7 +74,7 @@ def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=F
                                      EPS_OUTSIDE=eps_outside, Y_CENTRED=y_centred,
                                      VAR_CENTRED=var_centred, WEIGHT=weight_applied,
                                      PARAMS_ROW_OFFSET=params_row_offset,
-                                     X_FILL=x_fill, BIAS_FIRST=bias_first,
+                                     X_FILL=x_fill, BIAS_FIRST=bias_first, RSTD=rstd,
                                      num_warps=min(16, max(4, block // 512)))
     return y.view(x.shape)
 
@@ -140,6 +144,14 @@ def bias_before_weight(x, weight, bias, eps=1e-5):
     return _launch(x, weight, bias, eps, bias_first=True)
 
 
+def sqrt_missing(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, rstd=1)
+
+
+def times_std(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, rstd=2)
+
+
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "one_pass": (one_pass, "catastrophic cancellation"),
@@ -157,4 +169,6 @@ BROKEN = {
     "parameters_row_offset": (parameters_row_offset, "loaded with a row offset"),
     "padding_of_ones": (padding_of_ones, "Load x with other=0.0"),
     "bias_before_weight": (bias_before_weight, "bias is added before the weight multiply"),
+    "sqrt_missing": (sqrt_missing, "the square root is missing"),
+    "times_std": (times_std, "multiplied by, not divided by"),
 }

@@ -339,7 +339,8 @@ def test_a_block_that_is_not_a_power_of_two_is_told_to_round_up():
             x2, weight, bias, y, x2.stride(0), y.stride(0), n, eps, BLOCK_N=n, ONE_PASS=False,
             BIAS=True, UNBIASED=False, CENTRE=True, MEAN_BY_BLOCK=False, VAR_BY_BLOCK=False,
             EPS_OUTSIDE=False, Y_CENTRED=True, VAR_CENTRED=True, WEIGHT=True,
-            PARAMS_ROW_OFFSET=False, X_FILL=0.0, BIAS_FIRST=False)
+            PARAMS_ROW_OFFSET=False, X_FILL=0.0, BIAS_FIRST=False,
+            RSTD=0)
         return y.view(x.shape)
 
     with pytest.raises(AssertionError) as failure:

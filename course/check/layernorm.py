@@ -185,6 +185,21 @@ def _eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
     return _statistics_divided_by(t, case, case.n, case.n, eps_inside=False)
 
 
+def _rstd_misshapen(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is (x - mean) times (var + eps) to a power other than -1/2, * weight
+    + bias: the square root left out (1 / (var + eps)), or the standard deviation multiplied
+    by instead of divided by (sqrt(var + eps))."""
+    x64 = t["x"].to(torch.float64)
+    centred = x64 - x64.mean(dim=-1, keepdim=True)
+    var_eps = centred.square().mean(dim=-1, keepdim=True) + case.eps
+    w, b = t["weight"].to(torch.float64), t["bias"].to(torch.float64)
+    for scale, what in ((1.0 / var_eps, "1 / (var + eps): the square root is missing"),
+                        (var_eps.sqrt(), "sqrt(var + eps): multiplied by, not divided by")):
+        if compare("y", got, centred * scale * w + b, got.dtype) is None:
+            return f"y is (x - mean) * {what}"
+    return None
+
+
 def _normalised(t: Tensors, case: Case) -> torch.Tensor:
     """(x - mean) * rstd in float64, rows flattened."""
     x = t["x"].to(torch.float64).reshape(-1, case.n)
@@ -258,6 +273,11 @@ SUSPECTS = (
             "cols). The weight and the bias are one row of N entries each, which every row "
             "of x shares: load them at weight_ptr + cols and bias_ptr + cols, with the row's "
             "mask, the same in every program.", matches=_parameter_row_offset),
+    Suspect("rstd_not_inverse_sqrt", "y",
+            "rstd is not 1 / sqrt(var + eps): y is scaled by 1 / (var + eps) (the square root "
+            "left out) or by sqrt(var + eps) (the standard deviation multiplied by instead of "
+            "divided by). Compute rstd = 1.0 / tl.sqrt(var + eps) and multiply (x - mean) by "
+            "it.", matches=_rstd_misshapen),
     Suspect("weight_not_applied", "y",
             "y lacks the weight: y = (x - mean) * rstd * weight + bias. Load the weight with "
             "the same column offsets and mask as x and multiply by it before adding the "
