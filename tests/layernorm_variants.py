@@ -132,6 +132,10 @@ def weight_and_bias_swapped(x, weight, bias, eps=1e-5):
 
 
 def parameters_row_offset(x, weight, bias, eps=1e-5):
+    """The weight and bias loaded at x's row offset: row r reads r row strides past their
+    start, far past their end for the many-row cases. On a GPU that is an illegal memory
+    access, after which the process's CUDA context is unusable: not in BROKEN, which the
+    GPU suite runs (as add_rmsnorm_variants.weight_row_offset)."""
     return _launch(x, weight, bias, eps, params_row_offset=True)
 
 
@@ -166,7 +170,6 @@ BROKEN = {
     "centred_in_output_only": (centred_in_output_only, "subtracted in y but not"),
     "weight_not_applied": (weight_not_applied, "y lacks the weight"),
     "weight_and_bias_swapped": (weight_and_bias_swapped, "weight and the bias are swapped"),
-    "parameters_row_offset": (parameters_row_offset, "loaded with a row offset"),
     "padding_of_ones": (padding_of_ones, "Load x with other=0.0"),
     "bias_before_weight": (bias_before_weight, "bias is added before the weight multiply"),
     "sqrt_missing": (sqrt_missing, "the square root is missing"),

@@ -389,6 +389,15 @@ def test_broken_layernorm_fails_with_its_own_message(name):
     _fails_with_own_message(check.layernorm_forward, fn, name, layernorm_variants.BROKEN)
 
 
+@no_gpu
+def test_parameters_loaded_with_a_row_offset_are_named():
+    message = _fails_with_own_message(
+        check.layernorm_forward, layernorm_variants.parameters_row_offset,
+        "parameters_row_offset", dict(layernorm_variants.BROKEN, parameters_row_offset=(
+            layernorm_variants.parameters_row_offset, "loaded with a row offset")))
+    assert "weight_ptr + cols and bias_ptr + cols" in message
+
+
 def test_one_pass_variance_fails_exactly_the_large_mean_cases():
     report = run_exercise(LAYERNORM_FORWARD, layernorm_variants.one_pass, seed=5)
     failing = {r.case.name for r in report.results if not r.passed}
