@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from course import bench, hardware, runtime
@@ -239,37 +240,35 @@ def refuse_second_reads(label: str, call: Any, args: Sequence[Any], spec: CallSp
     counted. For a function in the learner's process (course.verify) that happens here, in
     the verifier, on a GPU: the kernels are compiled there, never run as Python."""
     from course.verify.load_count import load_counts, output_load_counts
-    from course.verify.replay import NotReplayable
 
     for name in spec.read_once_names:
-        index = spec.arg_names.index(name)
-        try:
-            counts = load_counts(call, args, index)
-        except NotReplayable as why:
-            raise AssertionError(
-                f"{label}: this exercise asks for one read of `{name}`, and the grader counts "
-                "the reads by running your kernels again with a counter on every load; it "
-                f"cannot count yours: {why}. {spec.read_once_advice}") from None
-        message = second_reads(counts, name)
-        if message is not None:
-            raise AssertionError(
-                f"{label}: {message} (counted over every load your kernels made in one call, "
-                f"with `{name}` of shape {tuple(args[index].shape)}). "
-                f"{spec.read_once_advice}")
+        _refuse_loads(label, name, partial(load_counts, call, args, spec.arg_names.index(name)),
+                      second_reads, f"for one read of `{name}`", spec.read_once_advice)
     for name in spec.write_only:
-        try:
-            counts = output_load_counts(call, args, spec.names.index(name))
-        except NotReplayable as why:
-            raise AssertionError(
-                f"{label}: this exercise asks that your kernel never load `{name}` back after "
-                "storing it, and the grader counts the reads by running your kernels again "
-                f"with a counter on every load; it cannot count yours: {why}. "
-                f"{spec.read_back_advice}") from None
-        message = read_backs(counts, name)
-        if message is not None:
-            raise AssertionError(
-                f"{label}: {message} (counted over every load your kernels made in one call, "
-                f"with `{name}` of shape {tuple(counts.shape)}). {spec.read_back_advice}")
+        _refuse_loads(label, name, partial(output_load_counts, call, args, spec.names.index(name)),
+                      read_backs, f"that your kernel never load `{name}` back after storing "
+                      "it", spec.read_back_advice)
+
+
+def _refuse_loads(label: str, name: str, count: Callable[[], torch.Tensor],
+                  describe: Callable[[torch.Tensor, str], str | None], asked: str,
+                  advice: str) -> None:
+    """Raise AssertionError when `count()` (loads per element of `name`) cannot be had, or
+    `describe` finds too many in it; `asked`: what the exercise asks, for the message."""
+    from course.verify.replay import NotReplayable
+
+    try:
+        counts = count()
+    except NotReplayable as why:
+        raise AssertionError(
+            f"{label}: this exercise asks {asked}, and the grader counts the reads by running "
+            "your kernels again with a counter on every load; it cannot count yours: "
+            f"{why}. {advice}") from None
+    message = describe(counts, name)
+    if message is not None:
+        raise AssertionError(
+            f"{label}: {message} (counted over every load your kernels made in one call, "
+            f"with `{name}` of shape {tuple(counts.shape)}). {advice}")
 
 
 def second_reads(counts: torch.Tensor, name: str) -> str | None:
