@@ -294,8 +294,9 @@ def test_a_loop_that_stops_before_the_last_partial_block_is_told_to_loop_over_cd
     # range(0, n_cols - BLOCK_N + 1, BLOCK_N): fine where N is a multiple of the block, the
     # columns past the last whole block never summed nor stored elsewhere (rows shorter than
     # a block: nothing at all). Its advice had been that its loads were not masked.
-    for checker in (check.rmsnorm_two_pass, check.rmsnorm_forward):
-        message = _failure(checker, two_pass_variants.whole_blocks_only)
+    messages = {checker: _failure(checker, two_pass_variants.whole_blocks_only)
+                for checker in (check.rmsnorm_two_pass, check.rmsnorm_forward)}
+    for message in messages.values():
         advice = message.split("\n\n")[1]
         assert advice.startswith("Your loop over the row stops before its last, partial "
                                  "block"), message
@@ -303,7 +304,7 @@ def test_a_loop_that_stops_before_the_last_partial_block_is_told_to_loop_over_cd
         assert "rows of 100 columns are shorter than one block: the loop ran no block" in advice
         assert MASK_ADVICE not in message, message
     # The rows of 3000 in blocks of 1024 show the rest of the pattern.
-    message = _failure(check.rmsnorm_two_pass, two_pass_variants.whole_blocks_only)
+    message = messages[check.rmsnorm_two_pass]
     assert "no program wrote any element of y" in message.split("What the kernels")[1]
 
 

@@ -53,9 +53,15 @@ ANSWERS = (PREAMBLE + solutions(ROOT, "ch03_two_pass")["ex03_two_pass_code"] + "
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory):
     """The two answers as a module of their own (Triton reads a kernel's source file)."""
-    path = tmp_path_factory.mktemp("answers") / "chapter_answers.py"
-    path.write_text(ANSWERS)
-    spec = importlib.util.spec_from_file_location("chapter_answers", path)
+    return _imported(tmp_path_factory, "chapter_answers", ANSWERS)
+
+
+def _imported(tmp_path_factory, name: str, source: str):
+    """`source` written to a file (Triton reads a kernel's source file) and imported as the
+    module `name`; its path is the module's `path`."""
+    path = tmp_path_factory.mktemp(name) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.path = path
@@ -395,12 +401,7 @@ READ_BACK = "your kernel reads `residual_out` back after storing it"
 @pytest.fixture(scope="module")
 def ch05(tmp_path_factory):
     """Chapter 05's answer and its read-back twin, as a module of their own."""
-    path = tmp_path_factory.mktemp("ch05") / "ch05_answers.py"
-    path.write_text(CH05_ANSWERS)
-    spec = importlib.util.spec_from_file_location("ch05_answers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _imported(tmp_path_factory, "ch05_answers", CH05_ANSWERS)
 
 
 def _add_args(rows: int = 3, n: int = 100):
