@@ -157,6 +157,41 @@ def sum_loaded_back(x, residual, weight, eps=1e-6):
     return _launch(x, residual, weight, eps, sum_loaded_back=True)
 
 
+@triton.jit
+def _scratch_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, s_ptr, stride_row, n_cols, eps,
+                    BLOCK_N: tl.constexpr):
+    # x, the residual and both outputs share one row stride (the wrapper makes them so)
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_row + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_row + cols, mask=mask, other=0.0).to(tl.float32)
+    h = (x + r).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + row * stride_row + cols, h, mask=mask)
+    # the bug: the sum stored a second time, into scratch, and loaded back from there
+    tl.store(s_ptr + row * stride_row + cols, h, mask=mask)
+    v = tl.load(s_ptr + row * stride_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_row + cols, (v * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def scratch_read_back(x, residual, weight, eps=1e-6):
+    """Every value right, one launch, x and the residual read once, neither output loaded:
+    the sum goes through a scratch buffer the wrapper allocates and does not return (stored,
+    then loaded back for the norm), one more write and read of M*N elements. Counted by no
+    one until the bandwidth check counted the loads of the call's own memory: not in
+    BROKEN."""
+    n = x.shape[-1]
+    x2, r2 = x.reshape(-1, n).contiguous(), residual.reshape(-1, n).contiguous()
+    y, h = torch.empty_like(x2), torch.empty_like(x2)
+    scratch = torch.empty_like(x2)
+    _scratch_kernel[(x2.shape[0],)](x2, r2, weight, y, h, scratch, n, n, eps,
+                                    BLOCK_N=triton.next_power_of_2(n))
+    return y.view(x.shape), h.view(x.shape)
+
+
 def block_of_4096(x, residual, weight, eps=1e-6):
     # BLOCK_N hard-coded to 4096, a model's width, masks right: the widest rows of the
     # checks without a GPU were 4096 long, so it passed them all there.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -96,6 +97,35 @@ def test_without_a_gpu_the_bandwidth_check_refuses_chapter_03s_answer_and_says_w
     assert "needs a GPU" in capsys.readouterr().out
     with pytest.raises(NeedsGPU):
         check.rmsnorm_forward_bandwidth(answers.rmsnorm, on_cpu="fail")
+
+
+def _through_y(source: str) -> str:
+    """Chapter 04's answer made to store x into y, load it back from there, and normalise
+    what it loaded (y then overwritten with the answer): y used as scratch."""
+    line = "    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)\n"
+    assert source.count(line) == 1 and source.count("rmsnorm_kernel") == 2
+    return source.replace("rmsnorm_kernel", "rmsnorm_through_y_kernel").replace(
+        "def rmsnorm(", "def rmsnorm_through_y(").replace(line, (
+            "    tl.store(y_ptr + row * stride_y_row + cols, x.to(y_ptr.dtype.element_ty),"
+            " mask=mask)\n"
+            "    x = tl.load(y_ptr + row * stride_y_row + cols, mask=mask, other=0.0)"
+            ".to(tl.float32)\n" + line))
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
+def test_without_a_gpu_chapter_04_refuses_a_row_stored_into_y_and_loaded_back(
+        tmp_path_factory):
+    """x read once, one launch, y right: chapter 04 counted the loads of x only, so a kernel
+    that kept the row in y rather than in registers passed."""
+    source = PREAMBLE + _through_y(solutions(ROOT, "ch04_fused")["ex04_fused_code"])
+    module = _imported(tmp_path_factory, "chapter_04_through_y", source)
+    with pytest.raises(AssertionError) as refused:
+        check.rmsnorm_forward_bandwidth(module.rmsnorm_through_y)
+    message = str(refused.value)
+    assert ("your kernel stores values into the memory of `y`, which your function returns "
+            "(passed to your kernel as `y_ptr`) and loads them back: every element of that "
+            "buffer was loaded once") in message, message
+    assert "Chapter 04 keeps the row in registers" in message
 
 
 @pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
@@ -391,11 +421,33 @@ def _read_back(source: str) -> str:
     return source
 
 
+def _scratch(source: str) -> str:
+    """Chapter 05's answer made to store the sum a second time, into a buffer the wrapper
+    allocates and does not return, and to load it back from there for the norm: neither an
+    input nor an output."""
+    load = "tl.load(scratch_ptr + row * stride_residual_out_row + cols, mask=mask, other=0.0)"
+    for old, new in (("add_rmsnorm_kernel", "add_rmsnorm_scratch_kernel"),
+                     ("def add_rmsnorm(", "def add_rmsnorm_scratch("),
+                     ("n_cols, eps, BLOCK_N: tl.constexpr", "n_cols, eps, scratch_ptr, "
+                      "BLOCK_N: tl.constexpr"),
+                     ("N, eps, BLOCK_N=BLOCK_N,", "N, eps, torch.empty_like(y), BLOCK_N=BLOCK_N,"),
+                     ("    h = h.to(tl.float32)\n",
+                      "    tl.store(scratch_ptr + row * stride_residual_out_row + cols, h,"
+                      " mask=mask)\n"
+                      f"    h = {load}.to(tl.float32)\n")):
+        assert source.count(old) == (2 if old == "add_rmsnorm_kernel" else 1), old
+        source = source.replace(old, new)
+    return source
+
+
 CH05 = solutions(ROOT, "ch05_fused_add")
 CH05_ANSWER = ("import torch\n" + CH05["ex05_add_rmsnorm_kernel_code"] + "\n\n"
                + CH05["ex05_add_rmsnorm_wrapper_code"])
-CH05_ANSWERS = CH05_ANSWER + "\n\n" + _read_back(CH05_ANSWER)
+CH05_ANSWERS = (CH05_ANSWER + "\n\n" + _read_back(CH05_ANSWER) + "\n\n"
+                + _scratch(CH05_ANSWER))
 READ_BACK = "your kernel reads `residual_out` back after storing it"
+SCRATCH = ("your kernel stores values into a buffer your function allocates and does not "
+           "return (passed to your kernel as `scratch_ptr`) and loads them back")
 
 
 @pytest.fixture(scope="module")
@@ -507,6 +559,107 @@ def test_gpu_bandwidth_check_refuses_chapter_05s_sum_loaded_back(ch05):
         with pytest.raises(AssertionError, match=READ_BACK):
             check.add_rmsnorm_bandwidth(fn)
     assert check.add_rmsnorm_bandwidth(ch05.add_rmsnorm).passed
+
+
+# ------------------------------- chapter 05: the sum through a scratch buffer, loaded back
+
+def test_chapter_05s_scratch_twin_loads_its_scratch_once_and_neither_output_nor_input_twice(
+        ch05):
+    from course.verify.load_count import OwnMemory
+
+    args = _add_args()
+    _, honest = trace_call(ch05.add_rmsnorm, args)
+    _, scratch = trace_call(ch05.add_rmsnorm_scratch, args)
+    honest_memory = OwnMemory(honest, args)
+    assert len(honest_memory.storages()) == 2  # y and residual_out
+    for key in honest_memory.storages():
+        assert not bool(honest_memory.bytes_loaded(key).any())
+    memory = OwnMemory(scratch, args)
+    assert len(memory.storages()) == 3
+    loaded = [key for key in memory.storages() if bool(memory.bytes_loaded(key).any())]
+    assert len(loaded) == 1  # the scratch buffer, and no output
+    for position in (0, 1):
+        assert not bool(memory.output(position).any())
+    for index in (0, 1):
+        assert torch.equal(load_counts(scratch, args, index),
+                           torch.ones(args[0].shape, dtype=torch.int32))
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
+def test_without_a_gpu_chapter_05_refuses_a_sum_loaded_back_from_a_scratch_buffer(ch05, capsys):
+    """x and the residual read once, one launch, neither output loaded, every value right:
+    a buffer the wrapper allocates and does not return was counted by no one, so a kernel
+    that stored the sum there and loaded it back for the norm passed."""
+    import add_rmsnorm_variants
+
+    for fn, passed_as in ((ch05.add_rmsnorm_scratch, "scratch_ptr"),
+                          (add_rmsnorm_variants.scratch_read_back, "s_ptr")):
+        with pytest.raises(AssertionError) as refused:
+            check.add_rmsnorm_bandwidth(fn)
+        message = str(refused.value)
+        assert ("your kernel stores values into a buffer your function allocates and does not "
+                f"return (passed to your kernel as `{passed_as}`) and loads them back") \
+            in message, message
+        assert "every element of that buffer was loaded once" in message
+        assert "an extra write and read of 16384 elements" in message  # 4 rows of 4096
+        assert "Chapter 05 keeps the sum in registers" in message
+        assert "h.to(tl.float32)" in message
+    assert check.add_rmsnorm_bandwidth(ch05.add_rmsnorm) is None
+    assert "needs a GPU" in capsys.readouterr().out
+
+
+def test_the_timed_check_refuses_a_scratch_read_back_before_timing(ch05, fake_timer):
+    """The path a GPU takes, run here in the interpreter with a pretend timer."""
+    import add_rmsnorm_variants
+
+    with pytest.raises(AssertionError, match=re.escape(f"add_rmsnorm 16x300: {SCRATCH}")):
+        _timed_check(ch05.add_rmsnorm_scratch)
+    with pytest.raises(AssertionError, match="passed to your kernel as `s_ptr`"):
+        _timed_check(add_rmsnorm_variants.scratch_read_back)
+    assert _timed_check(ch05.add_rmsnorm).passed
+
+
+def test_the_verifier_counts_a_scratch_read_back_on_the_trace_of_the_call_it_times(
+        ch05_learner, fake_timer):
+    """In grading the learner's function runs in its own process: the verifier counts the
+    loads of the call's own memory on the trace it received."""
+    with pytest.raises(AssertionError, match=re.escape(f"add_rmsnorm 16x300: {SCRATCH}")):
+        _timed_check(ch05_learner.function("add_rmsnorm_scratch"))
+    assert _timed_check(ch05_learner.function("add_rmsnorm")).passed
+
+
+@pytest.mark.gpu
+def test_gpu_bandwidth_check_refuses_chapter_05s_scratch_read_back(ch05):
+    import add_rmsnorm_variants
+
+    for fn in (ch05.add_rmsnorm_scratch, add_rmsnorm_variants.scratch_read_back):
+        with pytest.raises(AssertionError,
+                           match="stores values into a buffer your function allocates"):
+            check.add_rmsnorm_bandwidth(fn)
+    assert check.add_rmsnorm_bandwidth(ch05.add_rmsnorm).passed
+
+
+def test_the_call_s_own_memory_loaded_back_is_told_where_and_how_much():
+    from course.check.bandwidth import own_memory_loads
+
+    view = {"storage": "alloc:0", "dtype": torch.float32, "offset": 4, "shape": (2, 4),
+            "stride": (4, 1)}
+    trace = {"steps": [{"op": "alloc", "storage": "alloc:0", "nbytes": 64},
+                       {"op": "launch", "kernel": "k", "grid": (2,),
+                        "args": {"y_ptr": {"tensor": view}, "n": {"plain": 4}}}],
+             "outputs": {"tensor": view}}
+    counts = torch.zeros(64, dtype=torch.int32)
+    assert own_memory_loads(trace, "alloc:0", counts, ("y",)) is None
+    counts[16:24] = 2  # the first two elements of the view, twice
+    assert own_memory_loads(trace, "alloc:0", counts, ("y",)) == (
+        "your kernel stores values into the memory of `y`, which your function returns "
+        "(passed to your kernel as `y_ptr`) and loads them back: 2 of its 8 elements were "
+        "loaded twice, an extra write and read of 2 elements that a fused kernel never makes "
+        "(it loads its inputs, and only stores the rest)")
+    trace["steps"].insert(1, {"op": "copy", "target": view, "source": view})
+    assert own_memory_loads(trace, "alloc:0", counts, ("y",)).startswith(
+        "your wrapper copies values into the memory of `y`")
+
 
 
 def test_a_spec_refuses_a_write_only_name_that_is_not_an_output():

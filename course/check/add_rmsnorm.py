@@ -345,15 +345,16 @@ def add_rmsnorm_bandwidth(fn: Callable, *, target: float = 0.75,
 def add_rmsnorm_call_spec(dtype: torch.dtype) -> CallSpec:
     """What makes one call of chapter 05's `add_rmsnorm` right at a timing shape: y and
     residual_out, one launch, no element of x or of the residual loaded twice, and no
-    element of either output loaded at all."""
+    element of either output, or of any other buffer the call allocates, loaded at all."""
     # Both inputs counted: a kernel may keep x and read the residual again to add it anew.
-    # The outputs too: a kernel may store the sum and load it back from residual_out.
+    # The outputs too: a kernel may store the sum and load it back from residual_out, or
+    # from a scratch buffer the wrapper allocates and does not return.
     return CallSpec(ADD_RMSNORM.output_names,
                     lambda x, residual, w: reference.add_rmsnorm(x, residual, w, eps=1e-6),
                     (dtype, dtype), max_launches=ADD_RMSNORM.max_launches,
                     arg_names=("x", "residual", "weight"), read_once=("x", "residual"),
                     read_once_advice=ONE_READ_ADVICE, write_only=("residual_out", "y"),
-                    read_back_advice=READ_BACK_ADVICE)
+                    read_back_advice=READ_BACK_ADVICE, scratch_advice=SCRATCH_ADVICE)
 
 
 ONE_READ_ADVICE = (
@@ -366,3 +367,10 @@ READ_BACK_ADVICE = (
     "After tl.store(residual_out_ptr + ..., h, mask=mask), where h = (x + r) rounded to "
     "x's dtype, compute the sum of squares and y from h.to(tl.float32), the value you "
     "already hold, instead of loading residual_out again with tl.load.")
+
+SCRATCH_ADVICE = (
+    "Chapter 05 keeps the sum in registers, never in a buffer of your own to load back: "
+    "allocate y and residual_out only, and after tl.store(residual_out_ptr + ..., h, "
+    "mask=mask), where h = (x + r) rounded to x's dtype, compute the sum of squares and y "
+    "from h.to(tl.float32), the value you already hold, instead of loading the sum again "
+    "with tl.load.")

@@ -78,7 +78,10 @@ class CallSpec:
     `read_once` names arguments no element of which the call's kernels may load twice,
     `write_only` outputs (of `names`) no element of which they may load at all: a fused
     kernel keeps what it stores in registers, and reading an output back is one more pass
-    over it. Both are counted on the call's own kernels (`refuse_second_reads`).
+    over it. Both are counted on the call's own kernels (`refuse_second_reads`), and with
+    either, no memory the call allocated may be loaded at all (a buffer it does not return
+    included: `own_memory_loads`); `scratch_advice` says what to do instead
+    (`read_once_advice` where empty).
     """
 
     names: tuple[str, ...]
@@ -93,6 +96,8 @@ class CallSpec:
     # Outputs no element of which may be loaded, and what to do instead, for the message.
     write_only: tuple[str, ...] = ()
     read_back_advice: str = ""
+    # What to do instead of loading back a buffer of the call's own, for the message.
+    scratch_advice: str = ""
 
     def __post_init__(self) -> None:
         if len(self.dtypes) != len(self.names):
@@ -114,7 +119,8 @@ class CallSpec:
 
     @property
     def counts_loads(self) -> bool:
-        """Whether a call's loads are counted (of an input read once, or an output)."""
+        """Whether a call's loads are counted (of an input read once, or an output; then of
+        the call's own memory too)."""
         return bool(self.read_once_names or self.write_only)
 
     def expected(self, args: Sequence[Any]) -> tuple[tuple[torch.Tensor, ...],
@@ -234,20 +240,104 @@ def check_watched_call(label: str, fn: Callable[..., Any], args: Sequence[Any], 
 def refuse_second_reads(label: str, call: Any, args: Sequence[Any], spec: CallSpec) -> None:
     """Raise AssertionError when the kernels of a traced call (a replay.TracedCall) load any
     element of an argument of `spec.read_once` more than once, or any element of an output
-    of `spec.write_only` at all (`read_backs`), or when their loads cannot be counted. They
-    are counted on the kernels rebuilt from their source with a counter on every load, the
-    call's work replayed on `args` (course.verify.load_count), once per argument or output
-    counted. For a function in the learner's process (course.verify) that happens here, in
-    the verifier, on a GPU: the kernels are compiled there, never run as Python."""
-    from course.verify.load_count import load_counts, output_load_counts
+    of `spec.write_only` at all (`read_backs`), or any byte of other memory the call
+    allocated (`own_memory_loads`), or when their loads cannot be counted. They are counted
+    on the kernels rebuilt from their source with a counter on every load, the call's work
+    replayed on `args` (course.verify.load_count), once per argument or storage counted. For
+    a function in the learner's process (course.verify) that happens here, in the verifier,
+    on a GPU: the kernels are compiled there, never run as Python."""
+    from course.verify.load_count import OwnMemory, load_counts
 
     for name in spec.read_once_names:
         _refuse_loads(label, name, partial(load_counts, call, args, spec.arg_names.index(name)),
                       second_reads, f"for one read of `{name}`", spec.read_once_advice)
+    memory = OwnMemory(call, args)
     for name in spec.write_only:
-        _refuse_loads(label, name, partial(output_load_counts, call, args, spec.names.index(name)),
+        _refuse_loads(label, name, partial(memory.output, spec.names.index(name)),
                       read_backs, f"that your kernel never load `{name}` back after storing "
                       "it", spec.read_back_advice)
+    _refuse_own_memory_loads(label, memory, spec)
+
+
+def _refuse_own_memory_loads(label: str, memory: Any, spec: CallSpec) -> None:
+    """Raise AssertionError when the call's kernels load any byte of memory the call
+    allocated (a load_count.OwnMemory): a buffer it does not return (scratch), or an
+    output's memory outside the outputs of `spec.write_only` (counted first, with their
+    own message).
+
+    The rule is "no load of the call's own memory", not "no load of what the call stored
+    earlier": the specs that count loads describe one fused pass (chapters 04 to 06), which
+    loads its inputs and stores its outputs, and loads nothing else. Memory a call
+    allocated holds nothing before the call writes it (memory kept from an earlier call is
+    replayed as new memory too), so a load of it that leaves the outputs right reads what
+    was stored, filled or copied there earlier in the call: the two rules refuse the same
+    right answers, and this one needs no count of stores. Chapters 07 and 08 count no loads
+    (their split reductions may store partial sums and load them again) and are not held to
+    it."""
+    from course.verify.replay import NotReplayable
+
+    advice = spec.scratch_advice or spec.read_once_advice
+    for key in memory.storages():  # one at a time: at a timing shape each count is large
+        try:
+            counts = memory.bytes_loaded(key)
+        except NotReplayable as why:
+            raise AssertionError(
+                f"{label}: this exercise asks that your kernel load no memory your function "
+                "allocated (a fused kernel loads its inputs and only stores the rest), and the "
+                "grader counts the reads by running your kernels again with a counter on "
+                f"every load; it cannot count yours: {why}. {advice}") from None
+        message = own_memory_loads(memory.call.trace, key, counts, spec.names)
+        memory.forget(key)
+        if message is not None:
+            raise AssertionError(f"{label}: {message} (counted over every load your kernels "
+                                 f"made in one call). {advice}")
+
+
+def own_memory_loads(trace: dict, key: str, counts: torch.Tensor,
+                     names: Sequence[str]) -> str | None:
+    """What `counts` (loads per byte of the storage `key` of a traced call, one the call
+    allocated) says of the call's own memory loaded back, in words; None when none was."""
+    from course.verify.load_count import per_element
+
+    if not bool((counts > 0).any()):
+        return None
+    # Counted in elements of the view the kernel was given (the storage may be larger: the
+    # checks' allocator surrounds new memory with guard bytes).
+    passed_as, view = next(
+        ((name, field["tensor"]) for step in trace["steps"] if step["op"] == "launch"
+         for name, field in step["args"].items()
+         if field.get("tensor", {}).get("storage") == key),
+        (None, {"dtype": torch.uint8, "shape": (counts.numel(),), "stride": (1,),
+                "offset": 0}))
+    size = torch.empty(0, dtype=view["dtype"]).element_size()
+    per, unit = per_element(counts, size, view["shape"], view["stride"], view["offset"]), \
+        "elements"
+    if not bool((per > 0).any()):  # loads outside the view only: counted in bytes
+        per, unit = counts, "bytes"
+    count, total, most = int((per > 0).sum()), per.numel(), int(per.max())
+    times = "once" if most == 1 else ("twice" if most == 2 else f"{most} times")
+    returned = [f"`{names[i]}`" for i, out in enumerate(_output_views(trace["outputs"]))
+                if out is not None and out["storage"] == key and i < len(names)]
+    written = {step["op"] for step in trace["steps"] if step["op"] in ("fill", "copy")
+               and step["target"]["storage"] == key}
+    what = (f"the memory of {' and '.join(returned)}, which your function returns"
+            if returned else "a buffer your function allocates and does not return")
+    if passed_as is not None:
+        what += f" (passed to your kernel as `{passed_as}`)"
+    how = (f"your wrapper copies values into {what} and your kernel loads them"
+           if "copy" in written else
+           f"your wrapper fills {what} and your kernel loads it" if "fill" in written else
+           f"your kernel stores values into {what} and loads them back")
+    amount = ("every element of that buffer was" if count == total else
+              f"{count} of its {total} {unit} were")
+    return (f"{how}: {amount} loaded {times}, an extra write and read of {count} {unit} "
+            "that a fused kernel never makes (it loads its inputs, and only stores the rest)")
+
+
+def _output_views(field: dict) -> list[dict | None]:
+    """Each output of a traced call's `outputs` field: its view, or None (not a tensor)."""
+    items = field["sequence"] if "sequence" in field else [field]
+    return [item.get("tensor") for item in items]
 
 
 def _refuse_loads(label: str, name: str, count: Callable[[], torch.Tensor],

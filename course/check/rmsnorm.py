@@ -402,10 +402,12 @@ def rmsnorm_forward_bandwidth(fn: Callable, *, target: float = 0.75,
 
 def forward_call_spec(dtype: torch.dtype) -> CallSpec:
     """What makes one call of chapter 04's `rmsnorm` right at a timing shape: y, one launch,
-    and no element of x loaded twice."""
+    no element of x loaded twice, and nothing the call allocates (y, or a buffer it does
+    not return) loaded at all."""
     return CallSpec(("y",), lambda x, w: reference.rmsnorm(x, w, eps=1e-6), (dtype,),
                     max_launches=RMSNORM_FORWARD.max_launches, arg_names=("x", "weight"),
-                    read_once="x", read_once_advice=ONE_READ_ADVICE)
+                    read_once="x", read_once_advice=ONE_READ_ADVICE,
+                    scratch_advice=SCRATCH_ADVICE)
 
 
 ONE_READ_ADVICE = (
@@ -413,3 +415,8 @@ ONE_READ_ADVICE = (
     "sum its squares and again to normalise it. Load the whole row once, as one block "
     "(BLOCK_N = triton.next_power_of_2(N)), and compute both the sum of squares and y from "
     "those values, kept in registers.")
+
+SCRATCH_ADVICE = (
+    "Chapter 04 keeps the row in registers: load x once, compute the sum of squares and y "
+    "from the values tl.load gave you (x.to(tl.float32)), and store y once; load nothing "
+    "your kernel stored, in y or in a buffer of its own.")

@@ -1,5 +1,6 @@
 """How many times a traced call's kernels load each element of one of its inputs, or of
-one of its outputs (which a fused kernel stores and never loads back).
+the memory the call made itself: its outputs, and any buffer it allocated and did not return
+(a fused kernel stores into those and never loads them back).
 
 The kernels of a traced call (course.verify.replay) travel as source. Here each is
 rewritten so that every `tl.load` and every atomic operation (which also reads) first hands
@@ -162,8 +163,8 @@ def load_counts(call: TracedCall, args: Sequence[object], index: int) -> torch.T
     kernels = counting_kernels(call.trace["kernels"], counts, storage.data_ptr(),
                                storage.nbytes())
     Replay(call.trace, call.keys, kernels)(*args)
-    return _per_element(counts, x.element_size(), tuple(x.shape), tuple(x.stride()),
-                        x.storage_offset())
+    return per_element(counts, x.element_size(), tuple(x.shape), tuple(x.stride()),
+                       x.storage_offset())
 
 
 # The key under which an output's storage travels into a replay that counts its loads.
@@ -175,14 +176,78 @@ def output_load_counts(call: TracedCall, args: Sequence[object], position: int
     """How many times the traced call's kernels load each element of the call's output
     number `position` (in the order it returned them; 0 for a lone tensor), when its work
     is replayed on `args`: a tensor of that output's shape, on the CPU. A fused kernel
-    keeps what it stores in registers and loads none of it.
+    keeps what it stores in registers and loads none of it. (`OwnMemory.output`.)"""
+    return OwnMemory(call, args).output(position)
 
-    The output's memory is made by the replay, so its address is not known when the
-    counter is written: it is made here instead and handed to the replay as one more input
-    (its allocation taken out of the trace). An output that is an input's memory is
-    counted as that input (the correctness checks refuse writing an input). Raise
-    NotReplayable (CannotCount) where the loads cannot be counted."""
-    field = call.trace["outputs"]
+
+class OwnMemory:
+    """The loads of the memory a traced call made itself (its outputs, and any buffer it
+    allocated and did not return), counted per byte when its work is replayed on `args`:
+    one replay per storage, kept until `forget` (the counts take four bytes a byte, on the
+    device the call ran on: at a timing shape, several times the storage).
+
+    That memory is made by the replay, so its address is not known when the counter is
+    written: each storage counted is made here instead and handed to the replay as one
+    more input (its allocation taken out of the trace). Memory the call kept from before
+    it is traced as an allocation too (the replay makes it new). Raise NotReplayable
+    (CannotCount) where the loads cannot be counted."""
+
+    def __init__(self, call: TracedCall, args: Sequence[object]):
+        self.call, self.args = call, args
+        self._counts: dict[str, torch.Tensor] = {}
+
+    def storages(self) -> list[str]:
+        """The key of every storage the call allocated, in the order it did."""
+        return [s["storage"] for s in self.call.trace["steps"] if s["op"] == "alloc"]
+
+    def bytes_loaded(self, key: str) -> torch.Tensor:
+        """Loads of each byte of the allocated storage `key` (int32, on the device)."""
+        if key not in self._counts:
+            self._counts[key] = self._count(key)
+        return self._counts[key]
+
+    def forget(self, key: str) -> None:
+        """Let the counts of storage `key` go."""
+        self._counts.pop(key, None)
+
+    def _count(self, key: str) -> torch.Tensor:
+        call, args = self.call, self.args
+        nbytes = next(s["nbytes"] for s in call.trace["steps"]
+                      if s["op"] == "alloc" and s["storage"] == key)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        made = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        trace = dict(call.trace, outputs=_renamed(call.trace["outputs"], key),
+                     steps=[_renamed(s, key) for s in call.trace["steps"]
+                            if not (s["op"] == "alloc" and s["storage"] == key)])
+        counts = torch.zeros(nbytes, dtype=torch.int32, device=device)
+        kernels = counting_kernels(call.trace["kernels"], counts, made.data_ptr(), nbytes)
+        Replay(trace, [*call.keys, _COUNTED], kernels)(*args, made)
+        return counts
+
+    def output(self, position: int) -> torch.Tensor:
+        """Loads of each element of the call's output number `position` (in the order it
+        returned them; 0 for a lone tensor): a tensor of that output's shape, on the CPU.
+        An output that is an input's memory is counted as that input (the correctness
+        checks refuse writing an input)."""
+        view = output_view(self.call.trace, position)
+        key = view["storage"]
+        size = torch.empty(0, dtype=view["dtype"]).element_size()
+        if key.startswith("input:"):
+            index = self.call.keys.index(key.removeprefix("input:"))
+            buffer = self.args[index].untyped_storage()
+            counts = torch.zeros(buffer.nbytes(), dtype=torch.int32,
+                                 device=self.args[index].device)
+            kernels = counting_kernels(self.call.trace["kernels"], counts, buffer.data_ptr(),
+                                       buffer.nbytes())
+            Replay(self.call.trace, self.call.keys, kernels)(*self.args)
+        else:
+            counts = self.bytes_loaded(key)
+        return per_element(counts, size, view["shape"], view["stride"], view["offset"])
+
+
+def output_view(trace: dict, position: int) -> dict:
+    """Where the traced call's output number `position` lives (a `Tracer.describe` field)."""
+    field = trace["outputs"]
     if "sequence" in field:
         items = field["sequence"]
         if not 0 <= position < len(items):
@@ -192,28 +257,7 @@ def output_load_counts(call: TracedCall, args: Sequence[object], position: int
         raise ValueError(f"the traced call returned one value, no {position}")
     if "tensor" not in field:
         raise NotReplayable(f"output {position} of the traced call is not a tensor")
-    view = field["tensor"]
-    key = view["storage"]
-    if key.startswith("input:"):
-        index = call.keys.index(key.removeprefix("input:"))
-        trace, keys, extra = call.trace, call.keys, ()
-        buffer = args[index].untyped_storage()
-        nbytes, start = buffer.nbytes(), buffer.data_ptr()
-        device = args[index].device
-    else:
-        nbytes = next(s["nbytes"] for s in call.trace["steps"]
-                      if s["op"] == "alloc" and s["storage"] == key)
-        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-        made = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        trace = dict(call.trace, outputs=_renamed(call.trace["outputs"], key),
-                     steps=[_renamed(s, key) for s in call.trace["steps"]
-                            if not (s["op"] == "alloc" and s["storage"] == key)])
-        keys, extra, start = [*call.keys, _COUNTED], (made,), made.data_ptr()
-    counts = torch.zeros(nbytes, dtype=torch.int32, device=device)
-    kernels = counting_kernels(call.trace["kernels"], counts, start, nbytes)
-    Replay(trace, keys, kernels)(*args, *extra)
-    size = torch.empty(0, dtype=view["dtype"]).element_size()
-    return _per_element(counts, size, view["shape"], view["stride"], view["offset"])
+    return field["tensor"]
 
 
 def _renamed(value: object, key: str) -> object:
@@ -227,8 +271,8 @@ def _renamed(value: object, key: str) -> object:
     return value
 
 
-def _per_element(counts: torch.Tensor, size: int, shape: tuple, stride: tuple,
-                 offset: int) -> torch.Tensor:
+def per_element(counts: torch.Tensor, size: int, shape: tuple, stride: tuple,
+                offset: int) -> torch.Tensor:
     """Counts per byte of a storage as counts per element of a view on it (the most loads
     of any of the element's bytes), on the CPU."""
     per_byte = counts.as_strided((*shape, size), (*(s * size for s in stride), 1),
