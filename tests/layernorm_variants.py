@@ -19,14 +19,23 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
                      VAR_BY_BLOCK: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
                      Y_CENTRED: tl.constexpr, VAR_CENTRED: tl.constexpr,
                      WEIGHT: tl.constexpr, PARAMS_ROW_OFFSET: tl.constexpr,
-                     X_FILL: tl.constexpr, BIAS_FIRST: tl.constexpr, RSTD: tl.constexpr):
+                     X_FILL: tl.constexpr, BIAS_FIRST: tl.constexpr, RSTD: tl.constexpr,
+                     BIAS_SUBTRACTED: tl.constexpr = False, MEAN_ADDED: tl.constexpr = 0,
+                     VAR_SUMMED: tl.constexpr = False, WEIGHT_FIRST: tl.constexpr = False):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=X_FILL).to(tl.float32)
+    # A row offset on the weight and the bias: every row but the first reads past their end.
+    param = row * stride_x_row + cols if PARAMS_ROW_OFFSET else cols
+    w = tl.load(w_ptr + param, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_FIRST:  # x * weight normalised: the weight applied before the statistics
+        x = x * w
     mean = tl.sum(x, axis=0) / (BLOCK_N if MEAN_BY_BLOCK else n_cols)
     if not CENTRE:
         mean = 0.0
+    if MEAN_ADDED == 1:  # x + mean, in the variance and in y
+        mean = -mean
     if ONE_PASS:
         # E[x^2] - E[x]^2: one pass over the data, and catastrophic cancellation.
         var = tl.sum(x * x, axis=0) / n_cols - mean * mean
@@ -36,31 +45,37 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
         centred = tl.where(mask, x - mean, 0.0)
         divisor = n_cols - 1 if UNBIASED else (BLOCK_N if VAR_BY_BLOCK else n_cols)
         deviation = centred if VAR_CENTRED else x
-        var = tl.sum(deviation * deviation, axis=0) / divisor
+        var = tl.sum(deviation * deviation, axis=0)
+        if not VAR_SUMMED:  # the sum of squared deviations, never divided by N
+            var = var / divisor
         if not Y_CENTRED:
             centred = x
+        if MEAN_ADDED == 2:  # x + mean in y only
+            centred = tl.where(mask, x + mean, 0.0)
     rstd = 1.0 / (tl.sqrt(var) + eps) if EPS_OUTSIDE else 1.0 / tl.sqrt(var + eps)
     if RSTD == 1:    # the square root left out
         rstd = 1.0 / (var + eps)
     elif RSTD == 2:  # the standard deviation, multiplied by instead of divided by
         rstd = tl.sqrt(var + eps)
-    # A row offset on the weight and the bias: every row but the first reads past their end.
-    param = row * stride_x_row + cols if PARAMS_ROW_OFFSET else cols
-    w = tl.load(w_ptr + param, mask=mask, other=0.0).to(tl.float32)
+    elif RSTD == 3:  # eps added after the division: 1 / sqrt(var) + eps
+        rstd = 1.0 / tl.sqrt(var) + eps
+    elif RSTD == 4:  # no eps at all
+        rstd = 1.0 / tl.sqrt(var)
     y = centred * rstd
     if BIAS and BIAS_FIRST:  # ((x - mean) * rstd + bias) * weight: the weight scales the bias
         y += tl.load(b_ptr + param, mask=mask, other=0.0).to(tl.float32)
-    if WEIGHT:
+    if WEIGHT and not WEIGHT_FIRST:
         y *= w
     if BIAS and not BIAS_FIRST:
-        y += tl.load(b_ptr + param, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + param, mask=mask, other=0.0).to(tl.float32)
+        y = y - b if BIAS_SUBTRACTED else y + b
     tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=False,
             centre=True, mean_by_block=False, var_by_block=False, eps_outside=False,
             y_centred=True, var_centred=True, weight_applied=True, params_row_offset=False,
-            swapped=False, x_fill=0.0, bias_first=False, rstd=0):
+            swapped=False, x_fill=0.0, bias_first=False, rstd=0, **flags):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = x2.shape[1]
@@ -75,6 +90,7 @@ def _launch(x, weight, bias, eps, *, one_pass=False, bias_added=True, unbiased=F
                                      VAR_CENTRED=var_centred, WEIGHT=weight_applied,
                                      PARAMS_ROW_OFFSET=params_row_offset,
                                      X_FILL=x_fill, BIAS_FIRST=bias_first, RSTD=rstd,
+                                     **flags,
                                      num_warps=min(16, max(4, block // 512)))
     return y.view(x.shape)
 
@@ -156,6 +172,38 @@ def times_std(x, weight, bias, eps=1e-5):
     return _launch(x, weight, bias, eps, rstd=2)
 
 
+def eps_after_rstd(x, weight, bias, eps=1e-5):
+    # rstd = 1.0 / tl.sqrt(var) + eps: eps added to the reciprocal, not under the root.
+    return _launch(x, weight, bias, eps, rstd=3)
+
+
+def no_eps(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, rstd=4)
+
+
+def bias_subtracted(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, BIAS_SUBTRACTED=True)
+
+
+def mean_added(x, weight, bias, eps=1e-5):
+    # centred = x + mean, in the variance and in y.
+    return _launch(x, weight, bias, eps, MEAN_ADDED=1)
+
+
+def mean_added_in_output(x, weight, bias, eps=1e-5):
+    # The variance from x - mean, but y from x + mean.
+    return _launch(x, weight, bias, eps, MEAN_ADDED=2)
+
+
+def variance_not_divided(x, weight, bias, eps=1e-5):
+    return _launch(x, weight, bias, eps, VAR_SUMMED=True)
+
+
+def weight_before_statistics(x, weight, bias, eps=1e-5):
+    # x * weight normalised, then the bias: the weight enters the mean and the variance.
+    return _launch(x, weight, bias, eps, WEIGHT_FIRST=True)
+
+
 # name -> (function, a phrase its failure message must contain)
 BROKEN = {
     "one_pass": (one_pass, "catastrophic cancellation"),
@@ -174,4 +222,12 @@ BROKEN = {
     "bias_before_weight": (bias_before_weight, "bias is added before the weight multiply"),
     "sqrt_missing": (sqrt_missing, "the square root is missing"),
     "times_std": (times_std, "multiplied by, not divided by"),
+    "eps_after_rstd": (eps_after_rstd, "eps is added after taking 1 / sqrt(var)"),
+    "no_eps": (no_eps, "eps is missing from the square root"),
+    "bias_subtracted": (bias_subtracted, "The bias is subtracted"),
+    "mean_added": (mean_added, "x + mean gives, in the variance and in y"),
+    "mean_added_in_output": (mean_added_in_output, "x + mean gives, in y (the variance"),
+    "variance_not_divided": (variance_not_divided, "sum of squared deviations, not their mean"),
+    "weight_before_statistics": (weight_before_statistics,
+                                 "weight is applied before the statistics"),
 }

@@ -10,7 +10,7 @@ variance as E[x^2] - E[x]^2: in float32 that difference cancels catastrophically
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from course import reference, runtime, traffic
 from course.check.bandwidth import BandwidthResult, CallSpec, check_bandwidth
@@ -19,7 +19,7 @@ from course.check.compare import compare
 from course.check.inputs import GUARD_VALUE, guard_margin
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
-from course.check.runner import Exercise, Inputs, Suspect, Tensors
+from course.check.runner import CaseResult, Exercise, Inputs, Suspect, Tensors
 
 import torch
 
@@ -200,6 +200,84 @@ def _rstd_misshapen(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
     return None
 
 
+def _row_statistics(t: Tensors, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """x - mean and the biased variance in float64, rows flattened: (M, N) and (M, 1)."""
+    x64 = t["x"].to(torch.float64).reshape(-1, case.n)
+    centred = x64 - x64.mean(dim=-1, keepdim=True)
+    return centred, centred.square().mean(dim=-1, keepdim=True)
+
+
+_NOT_WITHOUT_EPS = "not y without eps"
+
+
+def _eps_after_rstd(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is (x - mean) * (1 / sqrt(var) + eps) * weight + bias: eps added after
+    the division, not under the root. Rows of variance 0 then come out NaN (or inf), as
+    without eps at all, since 1 / sqrt(0) is inf; other rows differ from no eps at all by
+    eps * (x - mean) * weight, which only a larger eps shows: the detail says where it does
+    (_NOT_WITHOUT_EPS), and the suspect's `across` asks for one such case, so that a kernel
+    with no eps at all keeps its own advice."""
+    centred, var = _row_statistics(t, case)
+    flat = got.reshape(-1, case.n)
+    zero = (var == 0).reshape(-1)
+    if bool(torch.isfinite(flat[zero]).any()):
+        return None
+    nan_rows = ", and rows whose variance is 0 come out NaN (1 / sqrt(0) is inf)"
+    rows = ~zero
+    if not bool(rows.any()):
+        return "rows whose variance is 0 come out NaN: 1 / sqrt(0) is inf, before eps is added"
+    w, b = t["weight"].to(torch.float64), t["bias"].to(torch.float64)
+    root = var[rows].sqrt()
+    if compare("y", flat[rows], (centred[rows] / root + case.eps * centred[rows]) * w + b,
+               got.dtype) is not None:
+        return None
+    detail = "y is (x - mean) * (1 / sqrt(var) + eps) * weight + bias"
+    if compare("y", flat[rows], centred[rows] / root * w + b, got.dtype) is not None:
+        detail += f" with eps = {case.eps:g}, {_NOT_WITHOUT_EPS}"
+    return detail + (nan_rows if bool(zero.any()) else "")
+
+
+def _eps_after_rstd_shown(results: Sequence[CaseResult]) -> bool:
+    """Whether some case tells eps added after 1 / sqrt(var) from no eps at all."""
+    return any(name == "eps_after_rstd" and _NOT_WITHOUT_EPS in detail
+               for r in results for name, detail in r.hints)
+
+
+def _bias_subtracted(t: Tensors, case: Case) -> torch.Tensor:
+    """y with the bias subtracted: (x - mean) * rstd * weight - bias."""
+    return (reference.layernorm(t["x"], t["weight"], t["bias"], eps=case.eps)
+            - 2.0 * t["bias"].to(torch.float64))
+
+
+def _mean_added(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is what x + mean in place of x - mean gives: in the variance and in
+    y, or in y only (the variance right)."""
+    x64 = t["x"].to(torch.float64).reshape(-1, case.n)
+    plus = x64 + x64.mean(dim=-1, keepdim=True)
+    _, var = _row_statistics(t, case)
+    w, b = t["weight"].to(torch.float64), t["bias"].to(torch.float64)
+    flat = got.reshape(-1, case.n)
+    for var_of, where in ((plus.square().mean(dim=-1, keepdim=True), "in the variance and in y"),
+                          (var, "in y (the variance uses x - mean)")):
+        if compare("y", flat, plus * torch.rsqrt(var_of + case.eps) * w + b, got.dtype) is None:
+            return f"y is what x + mean gives, {where}"
+    return None
+
+
+def _variance_not_divided(t: Tensors, case: Case) -> torch.Tensor | None:
+    """y with the sum of squared deviations as the variance, never divided by N; None where
+    N = 1 (the sum is then the mean)."""
+    return None if case.n < 2 else _statistics_divided_by(t, case, case.n, 1)
+
+
+def _weight_before_statistics(t: Tensors, case: Case) -> torch.Tensor:
+    """y from x * weight normalised, then the bias: the weight inside the mean and the
+    variance, not applied to the normalised row."""
+    xw = t["x"].to(torch.float64) * t["weight"].to(torch.float64)
+    ones = torch.ones(case.n, dtype=torch.float64, device=xw.device)
+    return reference.layernorm(xw, ones, t["bias"].to(torch.float64), eps=case.eps)
+
+
 def _normalised(t: Tensors, case: Case) -> torch.Tensor:
     """(x - mean) * rstd in float64, rows flattened."""
     x = t["x"].to(torch.float64).reshape(-1, case.n)
@@ -273,6 +351,13 @@ SUSPECTS = (
             "cols). The weight and the bias are one row of N entries each, which every row "
             "of x shares: load them at weight_ptr + cols and bias_ptr + cols, with the row's "
             "mask, the same in every program.", matches=_parameter_row_offset),
+    Suspect("eps_after_rstd", "y",
+            "eps is added after taking 1 / sqrt(var): rstd = 1 / sqrt(var) + eps. eps belongs "
+            "under the root, where it keeps a row of variance 0 finite; added after the "
+            "division it comes too late (1 / sqrt(0) is already inf, and 0 * inf is NaN), "
+            "and it shifts every other row's scale by eps. With the default eps = 1e-5 most "
+            "rows barely differ; rows of variance 0 and a larger eps show it. Compute rstd = "
+            "1.0 / tl.sqrt(var + eps).", matches=_eps_after_rstd, across=_eps_after_rstd_shown),
     Suspect("rstd_not_inverse_sqrt", "y",
             "rstd is not 1 / sqrt(var + eps): y is scaled by 1 / (var + eps) (the square root "
             "left out) or by sqrt(var + eps) (the standard deviation multiplied by instead of "
@@ -291,6 +376,14 @@ SUSPECTS = (
             "The bias is added before the weight multiply: y is ((x - mean) * rstd + bias) * "
             "weight, so the weight scales the bias too. Multiply by the weight first, then add "
             "the bias: y = (x - mean) * rstd * weight + bias.", expected=_bias_before_weight),
+    Suspect("bias_subtracted", "y",
+            "The bias is subtracted: y is (x - mean) * rstd * weight - bias. Add it: y = "
+            "(x - mean) * rstd * weight + bias.", expected=_bias_subtracted),
+    Suspect("weight_before_statistics", "y",
+            "The weight is applied before the statistics: y is LayerNorm(x * weight) + bias, "
+            "so the weight enters the mean and the variance. Compute the mean and the "
+            "variance of x itself, then scale the normalised row: y = (x - mean) * rstd * "
+            "weight + bias.", expected=_weight_before_statistics),
     Suspect("missing_bias", "y",
             "y lacks the bias: y = (x - mean) * rstd * weight + bias.",
             expected=lambda t, c: reference.layernorm(t["x"], t["weight"],
@@ -299,6 +392,10 @@ SUSPECTS = (
             "You divide the sum of squared deviations by N - 1 (the unbiased variance, "
             "torch.var's default). LayerNorm uses the biased variance, divided by N, as "
             "torch.nn.functional.layer_norm does.", expected=_unbiased),
+    Suspect("variance_not_divided", "y",
+            "The variance is the sum of squared deviations, not their mean: each row's rstd "
+            "is sqrt(N) times too small. Divide the sum by the row's length: var = "
+            "tl.sum(centred * centred, axis=0) / n_cols.", expected=_variance_not_divided),
     Suspect("centred_in_variance_only", "y",
             "y is x * rstd * weight + bias: the mean is subtracted in the variance but not in "
             "y. Both use the centred row: y = (x - mean) * rstd * weight + bias.",
@@ -307,6 +404,11 @@ SUSPECTS = (
             "The variance is mean(x^2), the raw squares: the mean is subtracted in y but not "
             "in the variance. Sum the squared deviations, (x - mean)^2, over the row.",
             expected=lambda t, c: _centred_once(t, c, in_variance=False)),
+    Suspect("mean_added", "y",
+            "The mean is added, not subtracted: the centred values are x + mean. LayerNorm "
+            "centres each row, x - mean, and uses those values both in the variance and in "
+            "y: centred = tl.where(mask, x - mean, 0.0), var = sum(centred * centred) / N, "
+            "y = centred * rstd * weight + bias.", matches=_mean_added),
     Suspect("mean_not_subtracted", "y",
             "y is x / sqrt(mean(x^2) + eps) * weight + bias: the mean is never subtracted "
             "(that is RMSNorm plus a bias). Compute mean = sum(x) / N, then use x - mean both "
