@@ -103,7 +103,7 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                             out += [shared(num_warps=warps, out_block=min(second, chunk),
                                            max_registers=registers)
                                     for second in (16384, 32768) for registers in (0, 64)]
-                        if chunk <= 8192:
+                        if chunk <= 16384:  # the columns kept in registers
                             out.append(shared(num_warps=warps, reload=False))
     return out
 

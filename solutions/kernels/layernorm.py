@@ -281,20 +281,28 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                                slots_ptr, epoch, M, N, stride_x_row, stride_y_row, eps,
                                HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                                STORE_STATS: tl.constexpr, HEAD: tl.constexpr,
-                               SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                               OUT_BLOCK: tl.constexpr, MULTIPLE: tl.constexpr):
+                               RELOAD: tl.constexpr, SPLIT: tl.constexpr,
+                               BLOCK_N: tl.constexpr, OUT_BLOCK: tl.constexpr,
+                               MULTIPLE: tl.constexpr):
     # As rmsnorm_fwd_split_kernel: program p owns BLOCK_N columns of row p // SPLIT. Every
-    # program of a row computes the same shift, publishes its two shifted sums, and reads
-    # its columns again once the row's sums are in.
+    # program of a row computes the same shift, publishes its two shifted sums, and once the
+    # row's sums are in reads its columns again (RELOAD) or normalises what it kept in
+    # registers (pass 2 then reads only the weight and bias from L2).
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     row = (pid // SPLIT).to(tl.int64)
     part = pid % SPLIT
     x_row = x_ptr + row * stride_x_row
-    shift = _row_shift(x_row, N, HEAD=HEAD)
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    sum_d, sum_d2 = _shifted_sums(x_row, cols, cols < N, shift)
+    mask = cols < N
+    if RELOAD:
+        x = _load_to_read_again(x_row, cols, mask)
+    else:
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    # after x's load is issued: the shift's sum waits for its own load
+    shift = _row_shift(x_row, N, HEAD=HEAD)
+    sum_d, sum_d2 = _sums_about(x, mask, shift)
     slots = slots_ptr + row * (2 * SPLIT)
     publish(slots + 2 * part, sum_d, epoch)
     publish(slots + 2 * part + 1, sum_d2, epoch)
@@ -304,10 +312,16 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         if part == 0:
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
-    for start in range(0, BLOCK_N, OUT_BLOCK):
-        out_cols = part * BLOCK_N + start + tl.arange(0, OUT_BLOCK)
-        _normalise_again(x_row, w_ptr, b_ptr, y_ptr + row * stride_y_row, out_cols,
-                         out_cols < N, mean, rstd, HAS_WEIGHT=HAS_WEIGHT, HAS_BIAS=HAS_BIAS)
+    if RELOAD:
+        for start in range(0, BLOCK_N, OUT_BLOCK):
+            out_cols = part * BLOCK_N + start + tl.arange(0, OUT_BLOCK)
+            _normalise_again(x_row, w_ptr, b_ptr, y_ptr + row * stride_y_row, out_cols,
+                             out_cols < N, mean, rstd, HAS_WEIGHT=HAS_WEIGHT,
+                             HAS_BIAS=HAS_BIAS)
+    else:
+        y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT=HAS_WEIGHT,
+                    HAS_BIAS=HAS_BIAS)
+        tl.store(y_ptr + row * stride_y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -419,8 +433,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             check_path_runs_here(plan.path, x.device, plan.split)
             slots, epoch = exchange_slots(2 * M * plan.split, x.device)
             kernel, args = layernorm_fwd_split_kernel, (*args[:6], slots, epoch, *args[6:])
-            flags |= dict(HEAD=HEAD, SPLIT=plan.split, BLOCK_N=plan.block_n,
-                          OUT_BLOCK=plan.out_block)
+            flags |= dict(HEAD=HEAD, RELOAD=plan.reload, SPLIT=plan.split,
+                          BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block)
         else:
             kernel = layernorm_fwd_loop_kernel
             flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block,
