@@ -21,7 +21,8 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
                      WEIGHT: tl.constexpr, PARAMS_ROW_OFFSET: tl.constexpr,
                      X_FILL: tl.constexpr, BIAS_FIRST: tl.constexpr, RSTD: tl.constexpr,
                      BIAS_SUBTRACTED: tl.constexpr = False, MEAN_ADDED: tl.constexpr = 0,
-                     VAR_SUMMED: tl.constexpr = False, WEIGHT_FIRST: tl.constexpr = False):
+                     VAR_SUMMED: tl.constexpr = False, WEIGHT_FIRST: tl.constexpr = 0,
+                     NOT_SQUARED: tl.constexpr = False):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -29,7 +30,7 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
     # A row offset on the weight and the bias: every row but the first reads past their end.
     param = row * stride_x_row + cols if PARAMS_ROW_OFFSET else cols
     w = tl.load(w_ptr + param, mask=mask, other=0.0).to(tl.float32)
-    if WEIGHT_FIRST:  # x * weight normalised: the weight applied before the statistics
+    if WEIGHT_FIRST == 1:  # x * weight normalised: the weight applied before the statistics
         x = x * w
     mean = tl.sum(x, axis=0) / (BLOCK_N if MEAN_BY_BLOCK else n_cols)
     if not CENTRE:
@@ -45,13 +46,16 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
         centred = tl.where(mask, x - mean, 0.0)
         divisor = n_cols - 1 if UNBIASED else (BLOCK_N if VAR_BY_BLOCK else n_cols)
         deviation = centred if VAR_CENTRED else x
-        var = tl.sum(deviation * deviation, axis=0)
+        # NOT_SQUARED: the deviations summed as they are, not squared: a variance of about 0.
+        var = tl.sum(deviation if NOT_SQUARED else deviation * deviation, axis=0)
         if not VAR_SUMMED:  # the sum of squared deviations, never divided by N
             var = var / divisor
         if not Y_CENTRED:
             centred = x
         if MEAN_ADDED == 2:  # x + mean in y only
             centred = tl.where(mask, x + mean, 0.0)
+        if WEIGHT_FIRST == 2:  # y from x * weight - mean: the weight applied before centring
+            centred = tl.where(mask, x * w - mean, 0.0)
     rstd = 1.0 / (tl.sqrt(var) + eps) if EPS_OUTSIDE else 1.0 / tl.sqrt(var + eps)
     if RSTD == 1:    # the square root left out
         rstd = 1.0 / (var + eps)
@@ -64,7 +68,7 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, stride_x_row, stride_y_row, n_c
     y = centred * rstd
     if BIAS and BIAS_FIRST:  # ((x - mean) * rstd + bias) * weight: the weight scales the bias
         y += tl.load(b_ptr + param, mask=mask, other=0.0).to(tl.float32)
-    if WEIGHT and not WEIGHT_FIRST:
+    if WEIGHT and WEIGHT_FIRST == 0:
         y *= w
     if BIAS and not BIAS_FIRST:
         b = tl.load(b_ptr + param, mask=mask, other=0.0).to(tl.float32)
@@ -201,7 +205,17 @@ def variance_not_divided(x, weight, bias, eps=1e-5):
 
 def weight_before_statistics(x, weight, bias, eps=1e-5):
     # x * weight normalised, then the bias: the weight enters the mean and the variance.
-    return _launch(x, weight, bias, eps, WEIGHT_FIRST=True)
+    return _launch(x, weight, bias, eps, WEIGHT_FIRST=1)
+
+
+def weight_before_centring(x, weight, bias, eps=1e-5):
+    # The statistics from x, but y = (x * weight - mean) * rstd + bias.
+    return _launch(x, weight, bias, eps, WEIGHT_FIRST=2)
+
+
+def deviations_not_squared(x, weight, bias, eps=1e-5):
+    # var = tl.sum(centred, axis=0) / n_cols: the deviations sum to about 0.
+    return _launch(x, weight, bias, eps, NOT_SQUARED=True)
 
 
 # name -> (function, a phrase its failure message must contain)
@@ -229,5 +243,7 @@ BROKEN = {
     "mean_added_in_output": (mean_added_in_output, "x + mean gives, in y (the variance"),
     "variance_not_divided": (variance_not_divided, "sum of squared deviations, not their mean"),
     "weight_before_statistics": (weight_before_statistics,
-                                 "weight is applied before the statistics"),
+                                 "x * weight normalised, the weight in the mean"),
+    "weight_before_centring": (weight_before_centring, "(x * weight - mean) * rstd + bias"),
+    "deviations_not_squared": (deviations_not_squared, "The variance comes out about 0"),
 }

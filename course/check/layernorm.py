@@ -270,12 +270,50 @@ def _variance_not_divided(t: Tensors, case: Case) -> torch.Tensor | None:
     return None if case.n < 2 else _statistics_divided_by(t, case, case.n, 1)
 
 
-def _weight_before_statistics(t: Tensors, case: Case) -> torch.Tensor:
-    """y from x * weight normalised, then the bias: the weight inside the mean and the
-    variance, not applied to the normalised row."""
-    xw = t["x"].to(torch.float64) * t["weight"].to(torch.float64)
-    ones = torch.ones(case.n, dtype=torch.float64, device=xw.device)
-    return reference.layernorm(xw, ones, t["bias"].to(torch.float64), eps=case.eps)
+def _weight_before_centring(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is what the weight applied to x before it is centred gives: x * weight
+    normalised (the weight in the mean and the variance), then the bias; or the statistics
+    from x but y = (x * weight - mean) * rstd + bias."""
+    x64 = t["x"].to(torch.float64).reshape(-1, case.n)
+    w, b = t["weight"].to(torch.float64), t["bias"].to(torch.float64)
+    xw = x64 * w
+    centred_xw = xw - xw.mean(dim=-1, keepdim=True)
+    var_xw = centred_xw.square().mean(dim=-1, keepdim=True)
+    _, var = _row_statistics(t, case)
+    mean = x64.mean(dim=-1, keepdim=True)
+    flat = got.reshape(-1, case.n)
+    for want, what in (
+            (centred_xw * torch.rsqrt(var_xw + case.eps) + b,
+             "x * weight normalised, the weight in the mean and the variance"),
+            ((xw - mean) * torch.rsqrt(var + case.eps) + b,
+             "(x * weight - mean) * rstd + bias, the statistics from x")):
+        if compare("y", flat, want, got.dtype) is None:
+            return f"y is {what}"
+    return None
+
+
+def _variance_zero(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
+    """A detail when y is (x - mean) * rstd * weight + bias with a variance of about 0 in
+    each row: rstd = 1 / sqrt(v + eps) with |v| under a tenth of eps. The deviations summed
+    without squaring them (or their sum squared) cancel to rounding noise, not to 0 exactly,
+    so each row's scale is fitted and must lie that close to 1 / sqrt(eps). Rows of
+    variance 0 are left out (y is the bias there either way)."""
+    centred, var = _row_statistics(t, case)
+    w, b = t["weight"].to(torch.float64), t["bias"].to(torch.float64)
+    rows = (var > 0).reshape(-1)
+    if not bool(rows.any()):
+        return None
+    flat = got.reshape(-1, case.n)[rows]
+    scaled = centred[rows] * w
+    shifted = flat.to(torch.float64) - b
+    scale = (shifted * scaled).sum(dim=-1, keepdim=True) / scaled.square().sum(
+        dim=-1, keepdim=True)
+    v = 1.0 / scale.square() - case.eps  # the variance each row's scale implies
+    if not bool((scale > 0).all() and (v.abs() <= 0.1 * case.eps).all()):
+        return None
+    if compare("y", flat, scaled * scale + b, got.dtype) is not None:
+        return None
+    return f"each row is scaled by 1 / sqrt(v + eps) with |v| under {0.1 * case.eps:g}"
 
 
 def _normalised(t: Tensors, case: Case) -> torch.Tensor:
@@ -379,11 +417,11 @@ SUSPECTS = (
     Suspect("bias_subtracted", "y",
             "The bias is subtracted: y is (x - mean) * rstd * weight - bias. Add it: y = "
             "(x - mean) * rstd * weight + bias.", expected=_bias_subtracted),
-    Suspect("weight_before_statistics", "y",
-            "The weight is applied before the statistics: y is LayerNorm(x * weight) + bias, "
-            "so the weight enters the mean and the variance. Compute the mean and the "
-            "variance of x itself, then scale the normalised row: y = (x - mean) * rstd * "
-            "weight + bias.", expected=_weight_before_statistics),
+    Suspect("weight_before_centring", "y",
+            "The weight is applied to x before it is centred, so it mixes into the "
+            "normalisation instead of scaling its result. Compute the mean and the variance "
+            "of x itself, normalise, then scale and shift: y = (x - mean) * rstd * weight + "
+            "bias.", matches=_weight_before_centring),
     Suspect("missing_bias", "y",
             "y lacks the bias: y = (x - mean) * rstd * weight + bias.",
             expected=lambda t, c: reference.layernorm(t["x"], t["weight"],
@@ -396,6 +434,11 @@ SUSPECTS = (
             "The variance is the sum of squared deviations, not their mean: each row's rstd "
             "is sqrt(N) times too small. Divide the sum by the row's length: var = "
             "tl.sum(centred * centred, axis=0) / n_cols.", expected=_variance_not_divided),
+    Suspect("variance_zero", "y",
+            "The variance comes out about 0: y is (x - mean) / sqrt(eps) * weight + bias. "
+            "The deviations x - mean sum to 0, so summing them without squaring each one "
+            "(or squaring their sum) gives nothing. Square, then sum: var = "
+            "tl.sum(centred * centred, axis=0) / n_cols.", matches=_variance_zero),
     Suspect("centred_in_variance_only", "y",
             "y is x * rstd * weight + bias: the mean is subtracted in the variance but not in "
             "y. Both use the centred row: y = (x - mean) * rstd * weight + bias.",
