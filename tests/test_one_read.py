@@ -129,6 +129,29 @@ def test_without_a_gpu_chapter_04_refuses_a_row_stored_into_y_and_loaded_back(
 
 
 @pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
+def test_without_a_gpu_chapter_06_refuses_centred_values_stored_into_y_and_loaded_back(
+        tmp_path_factory):
+    """Chapter 06's answer made to store the centred row into y and load it back for the
+    variance: x read once, y right, so only the count of y's loads refuses it."""
+    answers = solutions(ROOT, "ch06_layernorm")
+    line = "    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_cols + eps)\n"
+    kernel = answers["ex06_layernorm_kernel_code"]
+    assert kernel.count(line) == 1
+    kernel = kernel.replace(line, (
+        "    tl.store(y_ptr + row * stride_y_row + cols, centred, mask=mask)\n"
+        "    centred = tl.load(y_ptr + row * stride_y_row + cols, mask=mask, other=0.0)"
+        ".to(tl.float32)\n" + line))
+    module = _imported(tmp_path_factory, "chapter_06_through_y",
+                       PREAMBLE + kernel + "\n\n" + answers["ex06_layernorm_wrapper_code"])
+    with pytest.raises(AssertionError) as refused:
+        check.layernorm_forward_bandwidth(module.layernorm)
+    message = str(refused.value)
+    assert ("your kernel stores values into the memory of `y`, which your function returns "
+            "(passed to your kernel as `y_ptr`) and loads them back") in message, message
+    assert "Chapter 06 keeps the row in registers" in message, message
+
+
+@pytest.mark.skipif(runtime.on_gpu(), reason="the path without a GPU")
 def test_without_a_gpu_a_wrong_kernel_is_left_to_the_correctness_checks(capsys):
     import rmsnorm_variants
 

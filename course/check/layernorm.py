@@ -508,7 +508,7 @@ def layernorm_forward_bandwidth(fn: Callable, *, target: float = 0.75,
     spec = CallSpec(("y",), lambda x, w, b: reference.layernorm(x, w, b, eps=EPS), (dtype,),
                     max_launches=LAYERNORM_FORWARD.max_launches,
                     arg_names=("x", "weight", "bias"), read_once="x",
-                    read_once_advice=ONE_READ_ADVICE)
+                    read_once_advice=ONE_READ_ADVICE, scratch_advice=SCRATCH_ADVICE)
     nbytes = traffic.layernorm(m, n, dtype, save_stats=False).bytes
     return check_bandwidth(label, fn, make_args, nbytes, spec=spec, target=target,
                            retries=retries, small_args=lambda: make_args(4),
@@ -521,3 +521,8 @@ ONE_READ_ADVICE = (
     "Chapter 06 asks for one read of x: load the whole row once (BLOCK_N = "
     "triton.next_power_of_2(N)) and compute the mean, the variance and y from those values, "
     "kept in registers.")
+
+SCRATCH_ADVICE = (
+    "Chapter 06 keeps the row in registers: load x once, compute the mean, the centred "
+    "values, the variance and y from the values tl.load gave you (x.to(tl.float32)), and "
+    "store y once; load nothing your kernel stored, in y or in a buffer of its own.")
