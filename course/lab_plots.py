@@ -192,6 +192,10 @@ def whole_vs_chunked(panels: Panels, from_cols: int = 4096, read_twice_cap: floa
 HOST_BARS = (("lab", "gpu", "lab, GPU time"), ("lab", "call", "lab, launch counted"),
              ("torch.compile", "gpu", "torch.compile, GPU time"),
              ("torch.compile", "call", "torch.compile, launch counted"))
+# The same calls captured into one CUDA graph and replayed: (impl, timer, bar label).
+GRAPH_BARS = (("lab", "graph", "lab, CUDA graph"),
+              ("torch.compile", "graph", "torch.compile, CUDA graph"))
+FLOOR_BAR = "bytes at copy bandwidth"
 
 
 def floor_seconds(point: SweepPoint) -> float:
@@ -200,33 +204,71 @@ def floor_seconds(point: SweepPoint) -> float:
     return nbytes / (point.copy_gbps * 1e9)
 
 
-def small_shape_times(points: Sequence[SweepPoint], shape: tuple[int, int]
-                      ) -> dict[str, float]:
-    """Experiment 5: microseconds per call at a small shape, by bar label (HOST_BARS), and
-    "bytes at copy bandwidth"; a bar that was not timed is left out."""
+def small_shape_times(points: Sequence[SweepPoint], shape: tuple[int, int],
+                      bars: Sequence[tuple[str, str, str]] = HOST_BARS) -> dict[str, float]:
+    """Experiment 5: microseconds per call at a small shape, by bar label (`bars`: HOST_BARS,
+    and GRAPH_BARS where asked for), and FLOOR_BAR; a bar that was not timed is left out."""
     n_rows, n_cols = shape
     times: dict[str, float] = {}
-    for impl, timer, label in HOST_BARS:
+    for impl, timer, label in bars:
         found = [p for p in lab_sweeps.select(points, impl=impl, timer=timer, n_rows=n_rows,
                                               n_cols=n_cols) if p.ok]
         if found:
             times[label] = found[0].seconds * 1e6
-            times.setdefault("bytes at copy bandwidth", floor_seconds(found[0]) * 1e6)
+            times.setdefault(FLOOR_BAR, floor_seconds(found[0]) * 1e6)
     return times
 
 
-def host_overhead(panels: Panels, shapes: Sequence[tuple[int, int]]):
-    """Experiment 5: a group of bars per small shape, microseconds per call (log scale)."""
-    labels = ("bytes at copy bandwidth", *(label for _, _, label in HOST_BARS))
+def not_recorded(points: Sequence[SweepPoint], shapes: Sequence[tuple[int, int]],
+                 bars: Sequence[tuple[str, str, str]] = GRAPH_BARS) -> list[str]:
+    """The labels of `bars` with no timed point at any of `shapes` among `points`: what
+    this GPU's recording (or this notebook's live run) did not measure."""
+    timed = set().union(*(small_shape_times(points, s, bars) for s in shapes))
+    return [label for *_, label in bars if label not in timed]
+
+
+def graph_reading(points: Sequence[SweepPoint], shape: tuple[int, int]) -> list[str]:
+    """Experiment 5's reading of the CUDA-graph points at `shape`, one line per
+    implementation, its figures read from `points`, or why there is none (one line where
+    neither has any)."""
+    times = small_shape_times(points, shape, HOST_BARS + GRAPH_BARS)
+    if not any(label in times for *_, label in GRAPH_BARS):
+        return ["no CUDA graph's replay was recorded on this GPU"]
+    lines = []
+    for impl in ("lab", "torch.compile"):
+        graph = times.get(f"{impl}, CUDA graph")
+        if graph is None:
+            lines.append(f"{impl}: a CUDA graph's replay was not recorded on this GPU")
+            continue
+        line = f"{impl}: {graph:.1f} us a call replayed from a CUDA graph"
+        gpu, call = times.get(f"{impl}, GPU time"), times.get(f"{impl}, launch counted")
+        if gpu is not None:
+            line += f"; {graph / gpu:.2f} x its GPU time timed alone ({gpu:.1f} us)"
+        if call is not None:
+            line += f"; a call with its launch counted ({call:.1f} us) took {call / graph:.1f} x"
+        lines.append(line)
+    return lines
+
+
+def host_overhead(panels: Panels, shapes: Sequence[tuple[int, int]],
+                  bars: Sequence[tuple[str, str, str]] = HOST_BARS):
+    """Experiment 5: a group of bars per small shape, microseconds per call (log scale),
+    one bar per entry of `bars` and the bytes' floor; a panel says which bars it lacks."""
+    labels = (FLOOR_BAR, *(label for _, _, label in bars))
     width = 0.8 / len(labels)
     fig, axes = _figure(panels, "Small shapes: microseconds per call")
     for ax, points in zip(axes, panels.values(), strict=True):
         for i, label in enumerate(labels):
-            bars = [(k, small_shape_times(points, s).get(label)) for k, s in enumerate(shapes)]
-            bars = [(k, t) for k, t in bars if t is not None]
-            if bars:
-                ax.bar([k - 0.4 + (i + 0.5) * width for k, _ in bars], [t for _, t in bars],
+            drawn = [(k, small_shape_times(points, s, bars).get(label))
+                     for k, s in enumerate(shapes)]
+            drawn = [(k, t) for k, t in drawn if t is not None]
+            if drawn:
+                ax.bar([k - 0.4 + (i + 0.5) * width for k, _ in drawn], [t for _, t in drawn],
                        width, label=label, color=f"C{i}")
+        missing = not_recorded(points, shapes, bars)
+        if missing:  # said under the panel's title: a bar left out is not a bar of zero
+            ax.set_title(f"{ax.get_title()}\nnot recorded on this GPU:\n{'; '.join(missing)}",
+                         fontsize=8)
         ax.set_xticks(range(len(shapes)), [f"{m} x {n}" for m, n in shapes])
         ax.set_yscale("log")
     axes[0].set_ylabel("us per call")
@@ -258,15 +300,16 @@ def compile_vs_lab(panels: Panels, persistent_limit: int | None = None):
 
 
 def against_prediction(what: str, predicted: Mapping, measured: Mapping[str, Mapping],
-                       show: Callable[[object], str] = str) -> None:
+                       show: Callable[[object], str] = str, missing: str = "-") -> None:
     """Print your prediction beside what each panel measured, one row per key of
-    `predicted` (`measured`: panel -> key -> value; `show` formats a measured value).
-    Nothing here is graded: the point is to see where your reasoning held."""
+    `predicted` (`measured`: panel -> key -> value; `show` formats a measured value;
+    `missing` stands where a panel has none). Nothing here is graded: the point is to see
+    where your reasoning held."""
     names = list(measured)
     rows = [(f"{what}", "you", *names)]
     for key, guess in predicted.items():
         rows.append((f"{key}", "-" if guess is None else str(guess),
-                     *("-" if measured[n].get(key) is None else show(measured[n][key])
+                     *(missing if measured[n].get(key) is None else show(measured[n][key])
                        for n in names)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:

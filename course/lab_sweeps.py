@@ -8,8 +8,11 @@ there, and `course.check.lab.launch_rule` grades a launch rule against them in
 interpreter mode.
 
 A point's time is the median GPU time of one call (`course.bench`, launch hidden, inputs
-rotated past L2) unless its `timer` is "call", which counts the launch too. Bandwidth is
-over the ideal bytes, as a fraction of the copy bandwidth measured in the same process.
+rotated past L2) unless its `timer` is "call", which counts the launch too, or "graph":
+calls captured in turn into one CUDA graph and replayed (`course.bench.time_graph`), the
+time of a replay divided by the calls in it. Bandwidth is over the ideal bytes, as a
+fraction of the copy bandwidth measured in the same process. Points of a later recording
+can be added to a sweep's file (`merged`): each point keeps its own date and versions.
 
 Without a GPU a launch rule is judged on these very records, so while the rule is called
 for its grade `reads_watched()` notes every read of them: a call of a function here that
@@ -50,8 +53,12 @@ CHUNKED_FROM = 8192             # the chunked kernel is swept at rows this long 
 CHUNK_N = (1024, 2048, 4096, 8192)
 CHUNK_WARPS = (4, 8, 16)
 LAUNCH_FIELDS = ("rows_per_tile", "num_warps", "num_stages", "programs_per_sm", "chunk_n")
-# Small shapes timed with the launch counted: where the host's cost decides.
+# Small shapes timed with the launch counted, and replayed from a CUDA graph: where the
+# host's cost decides.
 CALL_SHAPES = ((1, 4096), (64, 1024), (64, 4096), (1024, 4096))
+# What a point's time counts: the GPU's time alone, each call with its launch, or calls
+# replayed back to back from one CUDA graph.
+TIMERS = ("gpu", "call", "graph")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -195,7 +202,8 @@ class SweepPoint:
     triton: str
     date: str
     impl: str              # "lab": chapter 08's rmsnorm_launch; or "torch.compile"
-    timer: str             # "gpu": launch hidden; "call": each call with its launch cost
+    timer: str             # "gpu": launch hidden; "call": each call with its launch cost;
+    #                        "graph": a call among many replayed from one CUDA graph
     dtype: str
     n_rows: int
     n_cols: int
@@ -258,6 +266,26 @@ def write(points: Iterable[SweepPoint], path: Path) -> None:
         writer.writeheader()
         for p in points:
             writer.writerow({name: getattr(p, name) for name in COLUMNS})
+
+
+def point_key(point: SweepPoint) -> tuple:
+    """What a point measured (GPU, implementation, timer, dtype, shape, launch): two points
+    with one key are two recordings of the same thing."""
+    return (point.gpu, point.impl, point.timer, point.dtype, point.n_rows, point.n_cols,
+            *point.launch.values())
+
+
+def merged(old: Iterable[SweepPoint], new: Iterable[SweepPoint]) -> list[SweepPoint]:
+    """The points of `old`, each replaced where `new` recorded the same thing again (same
+    key), in place, then the rest of `new` after them, in their order."""
+    new = list(new)
+    unknown = sorted({p.timer for p in new} - set(TIMERS))
+    if unknown:
+        raise ValueError(f"a sweep point's timer is one of {', '.join(TIMERS)}, "
+                         f"not {', '.join(unknown)}")
+    latest = {point_key(p): p for p in new}
+    out = [latest.pop(point_key(p), p) for p in old]
+    return out + [p for p in new if latest.get(point_key(p)) is p]
 
 
 def select(points: Iterable[SweepPoint], **field_values) -> list[SweepPoint]:

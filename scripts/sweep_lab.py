@@ -7,12 +7,20 @@ over the launch grid of `course.lab_sweeps`, every launch checked against the fl
 reference on a small input first, and `torch.compile` of the eager RMSNorm beside them.
 Triton compiles each launch once; worker processes compile them all first, in parallel,
 into Triton's cache on disk, so that the timing process only loads them.
+
+Only the small shapes of experiment 5 (`lab_sweeps.CALL_SHAPES`: the starting launch and
+torch.compile), with the timers named, in a minute or so; then, where there is no GPU,
+their rows added to the sweep's file (a point recorded again replaces the old one):
+
+    python scripts/sweep_lab.py --gpu H200 --small-shapes --timers graph --out new.csv
+    python scripts/sweep_lab.py --merge new.csv --into course/data/lab-sweep-h200.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import csv
 import importlib.util
 import json
 import multiprocessing
@@ -20,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -110,6 +119,72 @@ def make_inputs(n_rows: int, n_cols: int, dtype: torch.dtype):
     return make_args
 
 
+def graph_measure(label: str, fn, make_args, nbytes: int) -> bench.Measurement:
+    """Median time a call of `fn` among calls captured in turn, on rotating inputs, into one
+    CUDA graph and replayed (`bench.time_graph`, as `course bench --timer graph` times)."""
+    with bench.graph_stream():  # the inputs, the warm-up and the capture off the default
+        calls = [partial(fn, *make_args()) for _ in range(bench.copies_needed(nbytes))]
+        timing = bench.time_in_turn(calls, reps=REPS, timer="graph")
+    return bench.Measurement(label, timing.median_s, int(nbytes), hardware.copy_bandwidth())
+
+
+def notebook_graph_timer():
+    """The chapter's own `graph_seconds_per_call` (the cell `e5-graph-capture`), which the
+    notebook times a live panel with on a GPU: run beside the recorded graph points as a
+    check of that cell, its figures printed, never recorded."""
+    cells = {c.get("id"): "".join(c["source"])
+             for c in json.loads(NOTEBOOK.read_text())["cells"]}
+    names = {"torch": torch, "Callable": Callable}
+    exec(cells["e5-graph-capture"], names)
+    return names["graph_seconds_per_call"]
+
+
+def small_shapes(rec: Recorder, timers: tuple[str, ...], launch_cls, rmsnorm_launch) -> None:
+    """Experiment 5's shapes: the starting launch and torch.compile, with each timer."""
+    none, starting = lab_sweeps.launch(num_warps=0), lab_sweeps.launch()
+    for n_rows, n_cols in lab_sweeps.CALL_SHAPES:
+        torch._dynamo.reset()  # a fresh compile for this fixed shape, as a model gets
+        compiled = torch.compile(baselines.eager_rmsnorm, dynamic=False)
+        for timer in timers:
+            for impl, fields, fn in (
+                    ("lab", starting, partial(rmsnorm_launch, launch=launch_cls(**starting))),
+                    ("torch.compile", none, compiled)):
+                p = rec.time(impl, timer, "bfloat16", n_rows, n_cols, fields, fn)
+                result = f"{p.seconds * 1e6:.1f} us" if p.ok else p.status
+                print(f"  {impl}, {timer}, {n_rows} x {n_cols}: {result}", flush=True)
+                if timer == "graph" and course.on_gpu():
+                    print(f"    the notebook's graph_seconds_per_call: "
+                          f"{notebook_check(fn, n_rows, n_cols)}", flush=True)
+
+
+def notebook_check(fn, n_rows: int, n_cols: int) -> str:
+    try:
+        seconds = notebook_graph_timer()(fn, make_inputs(n_rows, n_cols, torch.bfloat16))
+    except Exception as error:
+        return f"failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def read_points(path: Path) -> list[lab_sweeps.SweepPoint]:
+    with path.open(newline="") as f:
+        return [lab_sweeps.parse(row) for row in csv.DictReader(f)]
+
+
+def merge(new: Path, into: Path) -> None:
+    """Add the points of `new` (a file this script wrote) to the sweep file `into`, each
+    point recorded again replacing the old one. Both must be one GPU's."""
+    points = read_points(new)
+    old = read_points(into) if into.is_file() else []
+    gpus = {p.gpu for p in points} | {p.gpu for p in old}
+    if len(gpus) > 1:
+        raise SystemExit(f"{new} and {into} hold points of {', '.join(sorted(gpus))}: "
+                         f"a sweep's file is one GPU's")
+    out = lab_sweeps.merged(old, points)
+    lab_sweeps.write(out, into)
+    added = len(out) - len(old)
+    print(f"{into}: {len(old)} points before, {added} added, {len(points) - added} replaced")
+
+
 class Recorder:
     def __init__(self, gpu: str, out: Path):
         import triton
@@ -128,10 +203,11 @@ class Recorder:
                   "n_rows": n_rows, "n_cols": n_cols, **fields, "copy_gbps": self.copy / 1e9}
         if status == "ok":
             nbytes = traffic.fused_rmsnorm(n_rows, n_cols, DTYPES[dtype_name]).bytes
+            make_args = make_inputs(n_rows, n_cols, DTYPES[dtype_name])
             try:
-                m = bench.measure(impl, fn, make_inputs(n_rows, n_cols, DTYPES[dtype_name]),
-                                  nbytes, warmup=WARMUP, reps=REPS,
-                                  hide_launch=(timer == "gpu"))
+                m = (graph_measure(impl, fn, make_args, nbytes) if timer == "graph" else
+                     bench.measure(impl, fn, make_args, nbytes, warmup=WARMUP, reps=REPS,
+                                   hide_launch=(timer == "gpu")))
                 point = lab_sweeps.SweepPoint(**values, seconds=m.seconds,
                                               fraction_of_copy=m.fraction_of_copy,
                                               status="ok")
@@ -148,10 +224,28 @@ class Recorder:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", required=True, choices=tuple(lab_sweeps.SWEEP_FILES))
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--gpu", choices=tuple(lab_sweeps.SWEEP_FILES))
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--workers", type=int, default=14)
+    parser.add_argument("--small-shapes", action="store_true",
+                        help="only experiment 5's shapes (lab_sweeps.CALL_SHAPES)")
+    parser.add_argument("--timers", default=",".join(lab_sweeps.TIMERS),
+                        help="the timers of the small shapes (default: %(default)s)")
+    parser.add_argument("--merge", type=Path, metavar="NEW",
+                        help="add the points of NEW, a file this script wrote, to --into "
+                             "(no GPU needed)")
+    parser.add_argument("--into", type=Path, metavar="SWEEP_FILE")
     args = parser.parse_args()
+    if args.merge:
+        if args.into is None:
+            parser.error("--merge needs --into, the sweep's file in course/data/")
+        merge(args.merge, args.into)
+        return
+    if args.gpu is None or args.out is None:
+        parser.error("--gpu and --out are needed to record")
+    timers = tuple(t.strip() for t in args.timers.split(",") if t.strip())
+    if not timers or set(timers) - set(lab_sweeps.TIMERS):
+        parser.error(f"--timers takes some of {', '.join(lab_sweeps.TIMERS)}")
     if not course.on_gpu():
         raise SystemExit("sweep_lab.py needs a CUDA GPU")
     if args.gpu not in torch.cuda.get_device_name():
@@ -159,6 +253,13 @@ def main() -> None:
     start = time.perf_counter()
     ns = lab_namespace()
     launch_cls, rmsnorm_launch = ns["Launch"], ns["rmsnorm_launch"]
+    if args.small_shapes:
+        rec = Recorder(args.gpu, args.out)
+        small_shapes(rec, timers, launch_cls, rmsnorm_launch)
+        rec.save()
+        print(f"{len(rec.points)} points ({sum(p.ok for p in rec.points)} timed) in "
+              f"{time.perf_counter() - start:.0f} s -> {args.out}")
+        return
     statuses = precompile(planned(), args.workers)
     print(f"compiled {len(statuses)} launches in {time.perf_counter() - start:.0f} s "
           f"({sum(s != 'ok' for s in statuses.values())} failed)", flush=True)
@@ -191,14 +292,7 @@ def main() -> None:
         rec.time("torch.compile", "gpu", "bfloat16", lab_sweeps.rows_for(n_cols), n_cols,
                  none, compiled)
     print(f"torch.compile timed at {time.perf_counter() - start:.0f} s", flush=True)
-    for n_rows, n_cols in lab_sweeps.CALL_SHAPES:
-        torch._dynamo.reset()
-        compiled = torch.compile(baselines.eager_rmsnorm, dynamic=False)
-        starting = lab_sweeps.launch()
-        for timer in ("call", "gpu"):
-            rec.time("lab", timer, "bfloat16", n_rows, n_cols, starting,
-                     partial(rmsnorm_launch, launch=launch_cls(**starting)))
-            rec.time("torch.compile", timer, "bfloat16", n_rows, n_cols, none, compiled)
+    small_shapes(rec, timers, launch_cls, rmsnorm_launch)
     rec.save()
     ok = sum(p.ok for p in rec.points)
     print(f"{len(rec.points)} points ({ok} timed) in {time.perf_counter() - start:.0f} s "

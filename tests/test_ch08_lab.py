@@ -6,7 +6,11 @@ with points shaped as that branch makes them."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import json
 import math
+from pathlib import Path
 
 import course  # noqa: F401  (picks the mode before anything imports Triton)
 from course import lab_plots, lab_sweeps
@@ -17,6 +21,8 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "solutions" / "ch08_performance_lab" / "ch08_performance_lab.ipynb"
 ENV = dict(gpu="this GPU", device_name="a GPU", torch="t", triton="t", date="d",
            dtype="bfloat16", copy_gbps=3000.0)
 
@@ -121,3 +127,157 @@ def test_percent_says_why_a_point_has_no_figure():
     assert lab_plots.percent(point(1024, None)) == "failed"
     assert lab_plots.percent(point(1024, 0.5)) == "50.0 %"
     assert math.isnan(point(1024, None).fraction_of_copy)
+
+
+# ------------------------------------------------ experiment 5: calls replayed from a graph
+
+ALL_BARS = lab_plots.HOST_BARS + lab_plots.GRAPH_BARS
+SHAPE = (64, 1024)
+
+
+def small_shape(timer: str, impl: str, fraction: float, n_cols: int = SHAPE[1]):
+    return point(n_cols, fraction, impl=impl, timer=timer, n_rows=SHAPE[0],
+                 num_warps=0 if impl == "torch.compile" else 4)
+
+
+def timers_at_small_shape(*timers: str) -> list[lab_sweeps.SweepPoint]:
+    fractions = {"gpu": 0.02, "call": 0.002, "graph": 0.04}
+    return [small_shape(t, i, fractions[t]) for t in timers for i in ("lab", "torch.compile")]
+
+
+def test_graph_bars_are_drawn_only_when_asked_so_the_first_plot_spoils_no_prediction():
+    points = timers_at_small_shape("gpu", "call", "graph")
+    assert "lab, CUDA graph" not in lab_plots.small_shape_times(points, SHAPE)
+    times = lab_plots.small_shape_times(points, SHAPE, ALL_BARS)
+    assert times["lab, CUDA graph"] == pytest.approx(times["lab, GPU time"] / 2)
+    assert times["torch.compile, CUDA graph"] < times["torch.compile, launch counted"]
+    fig = lab_plots.host_overhead({"H200": points}, [SHAPE])
+    assert "lab, CUDA graph" not in fig.axes[0].get_legend_handles_labels()[1]
+    fig = lab_plots.host_overhead({"H200": points}, [SHAPE], ALL_BARS)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels[-2:] == ["lab, CUDA graph", "torch.compile, CUDA graph"]
+
+
+def test_a_gpu_whose_recording_has_no_graph_points_says_so_in_its_panel():
+    with_graph = timers_at_small_shape("gpu", "call", "graph")
+    without = timers_at_small_shape("gpu", "call")
+    assert lab_plots.not_recorded(with_graph, [SHAPE]) == []
+    assert lab_plots.not_recorded(without, [SHAPE]) == ["lab, CUDA graph",
+                                                        "torch.compile, CUDA graph"]
+    # a failed graph point is not a recorded figure
+    failed = [*without, small_shape("graph", "lab", None)]
+    assert lab_plots.not_recorded(failed, [SHAPE]) == ["lab, CUDA graph",
+                                                       "torch.compile, CUDA graph"]
+    fig = lab_plots.host_overhead({"H100": without, "H200": with_graph}, [SHAPE], ALL_BARS)
+    h100, h200 = (ax.get_title() for ax in fig.axes[:2])
+    assert "not recorded on this GPU" in h100 and "lab, CUDA graph" in h100
+    assert "not recorded" not in h200
+
+
+def test_the_graph_reading_is_computed_from_the_points_or_says_none_was_recorded():
+    points = timers_at_small_shape("gpu", "call", "graph")
+    times = lab_plots.small_shape_times(points, SHAPE, ALL_BARS)
+    lab, compiled = lab_plots.graph_reading(points, SHAPE)
+    assert lab.startswith(f"lab: {times['lab, CUDA graph']:.1f} us a call replayed")
+    assert "0.50 x its GPU time" in lab and f"({times['lab, GPU time']:.1f} us)" in lab
+    assert "took 20.0 x" in lab  # launch counted: 0.002 of copy against the graph's 0.04
+    assert compiled.startswith("torch.compile: ")
+    missing = lab_plots.graph_reading(timers_at_small_shape("gpu", "call"), SHAPE)
+    assert missing == ["no CUDA graph's replay was recorded on this GPU"]
+    half = lab_plots.graph_reading([*timers_at_small_shape("gpu", "call"),
+                                    small_shape("graph", "lab", 0.04)], SHAPE)
+    assert half[0].startswith("lab: ") and half[1] == (
+        "torch.compile: a CUDA graph's replay was not recorded on this GPU")
+
+
+def test_a_value_a_panel_lacks_is_shown_as_the_caller_says(capsys):
+    measured = {"H100": {"lab, GPU time": 4.6}, "H200": {"lab, GPU time": 4.4,
+                                                         "lab, CUDA graph": 2.0}}
+    lab_plots.against_prediction("us", {"lab, CUDA graph": 3}, measured,
+                                 show=lambda us: f"{us:.1f}", missing="not recorded")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["lab,", "CUDA", "graph", "3", "not", "recorded", "2.0"]
+
+
+def test_the_chapter_predicts_the_bars_it_plots():
+    """The prediction cells' keys are the bar labels, or a prediction never meets a figure."""
+    nb = json.loads(NOTEBOOK.read_text())
+    cells = {c["id"]: "".join(c["source"]) for c in nb["cells"]}
+    names: dict = {}
+    exec(cells["e5-predict"] + "\n" + cells["e5-graph-predict"], names)
+    assert set(names["predicted_us"]) <= {label for *_, label in lab_plots.HOST_BARS}
+    assert set(names["predicted_graph_us"]) == {label for *_, label in lab_plots.GRAPH_BARS}
+    assert "torch.cuda.graph(" in cells["e5-graph-capture"]
+    assert "graph.replay()" in cells["e5-graph-capture"]
+
+
+# ------------------------------------------------ recording and adding graph points
+
+def test_merged_replaces_a_point_recorded_again_and_adds_the_new_ones_after():
+    old = timers_at_small_shape("gpu", "call")
+    again = small_shape("call", "lab", 0.004)
+    graph = timers_at_small_shape("graph")
+    out = lab_sweeps.merged(old, [again, *graph])
+    assert len(out) == len(old) + 2
+    assert out[old.index(small_shape("call", "lab", 0.002))] is again
+    assert out[-2:] == graph
+    with pytest.raises(ValueError, match="timer is one of gpu, call, graph"):
+        lab_sweeps.merged(old, [small_shape("host", "lab", 0.1)])
+
+
+def test_merging_writes_the_recorded_file_back_unchanged_but_for_the_points_added(tmp_path):
+    sweep_lab = _sweep_lab()
+    into = tmp_path / "lab-sweep-h200.csv"
+    into.write_bytes(lab_sweeps.SWEEP_FILES["H200"].read_bytes())
+    nothing = tmp_path / "nothing.csv"
+    lab_sweeps.write([], nothing)
+    sweep_lab.merge(nothing, into)
+    assert into.read_bytes() == lab_sweeps.SWEEP_FILES["H200"].read_bytes()
+    new = tmp_path / "graph.csv"
+    graph = [dataclasses.replace(p, gpu="H200") for p in timers_at_small_shape("graph")]
+    lab_sweeps.write(graph, new)
+    sweep_lab.merge(new, into)
+    merged = sweep_lab.read_points(into)
+    assert merged[-2:] == graph
+    assert len(merged) == len(lab_sweeps.load("H200")) + 2
+    lab_sweeps.write([dataclasses.replace(p, gpu="H100") for p in graph], new)
+    with pytest.raises(SystemExit, match="one GPU's"):
+        sweep_lab.merge(new, into)
+
+
+def test_the_small_shapes_are_recorded_with_every_timer_asked_for(monkeypatch):
+    sweep_lab = _sweep_lab()
+    monkeypatch.setattr(sweep_lab.torch, "compile", lambda fn, **_: fn)
+    monkeypatch.setattr(sweep_lab.torch._dynamo, "reset", lambda: None)
+
+    class Recorder:
+        def __init__(self):
+            self.asked = []
+
+        def time(self, impl, timer, dtype, n_rows, n_cols, fields, fn):
+            self.asked.append((impl, timer, n_rows, n_cols))
+            return point(n_cols, 0.1, impl=impl, timer=timer, n_rows=n_rows)
+
+    rec = Recorder()
+    sweep_lab.small_shapes(rec, ("graph",), Launch, lambda *a, **k: None)
+    assert sorted(rec.asked) == sorted((impl, "graph", m, n)
+                                       for m, n in lab_sweeps.CALL_SHAPES
+                                       for impl in ("lab", "torch.compile"))
+    # on a GPU the notebook's own capture cell is run beside them, as a check of that cell
+    assert sweep_lab.notebook_graph_timer().__name__ == "graph_seconds_per_call"
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:  # the fields of chapter 08's Launch, enough for the plan
+    rows_per_tile: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+    programs_per_sm: int = 0
+    chunk_n: int = 0
+
+
+def _sweep_lab():
+    spec = importlib.util.spec_from_file_location("sweep_lab", ROOT / "scripts" / "sweep_lab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
