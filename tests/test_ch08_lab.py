@@ -234,7 +234,8 @@ def test_merging_writes_the_recorded_file_back_unchanged_but_for_the_points_adde
     sweep_lab.merge(nothing, into)
     assert into.read_bytes() == lab_sweeps.SWEEP_FILES["H200"].read_bytes()
     new = tmp_path / "graph.csv"
-    graph = [dataclasses.replace(p, gpu="H200") for p in timers_at_small_shape("graph")]
+    # a shape the recorded file has no point at, so that the two are added, not replacing
+    graph = [dataclasses.replace(p, gpu="H200", n_rows=3) for p in timers_at_small_shape("graph")]
     lab_sweeps.write(graph, new)
     sweep_lab.merge(new, into)
     merged = sweep_lab.read_points(into)
