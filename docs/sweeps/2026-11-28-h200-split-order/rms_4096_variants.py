@@ -1,4 +1,4 @@
-# ruff: noqa: E401, E501, E702, I001  (kept as it ran: a record, not course code)
+# ruff: noqa: E401, E402, E501, E702, F401, I001  (kept as it ran: a record, not course code)
 """Scratch: RMSNorm 32768 x 4096 bf16 on the H200 -- ours against Liger and kernel variants
 that differ from Liger's in one thing each. usage: python rms4096.py OUT"""
 import json, sys, time
