@@ -313,7 +313,7 @@ def _variance_zero(t: Tensors, case: Case, got: torch.Tensor) -> str | None:
         return None
     if compare("y", flat, scaled * scale + b, got.dtype) is not None:
         return None
-    return f"each row is scaled by 1 / sqrt(v + eps) with |v| under {0.1 * case.eps:g}"
+    return f"each row is scaled by 1 / sqrt(var + eps) with |var| under {0.1 * case.eps:g}"
 
 
 def _normalised(t: Tensors, case: Case) -> torch.Tensor:
@@ -450,8 +450,8 @@ SUSPECTS = (
     Suspect("mean_added", "y",
             "The mean is added, not subtracted: the centred values are x + mean. LayerNorm "
             "centres each row, x - mean, and uses those values both in the variance and in "
-            "y: centred = tl.where(mask, x - mean, 0.0), var = sum(centred * centred) / N, "
-            "y = centred * rstd * weight + bias.", matches=_mean_added),
+            "y: centred = tl.where(mask, x - mean, 0.0), var = tl.sum(centred * centred, "
+            "axis=0) / n_cols, y = centred * rstd * weight + bias.", matches=_mean_added),
     Suspect("mean_not_subtracted", "y",
             "y is x / sqrt(mean(x^2) + eps) * weight + bias: the mean is never subtracted "
             "(that is RMSNorm plus a bias). Compute mean = sum(x) / N, then use x - mean both "
