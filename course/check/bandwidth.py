@@ -330,8 +330,12 @@ def own_memory_loads(trace: dict, key: str, counts: torch.Tensor,
            f"your kernel stores values into {what} and loads them back")
     amount = ("every element of that buffer was" if count == total else
               f"{count} of its {total} {unit} were")
-    return (f"{how}: {amount} loaded {times}, an extra write and read of {count} {unit} "
-            "that a fused kernel never makes (it loads its inputs, and only stores the rest)")
+    # The count is of the call replayed, which without a GPU is a few rows, not the shape
+    # the cell names: the buffer's shape says which.
+    shape = " x ".join(str(d) for d in view["shape"])
+    return (f"{how}: {amount} loaded {times}, an extra write and read of {count} {unit} in "
+            f"the call counted (a {shape} buffer) that a fused kernel never makes (it loads "
+            "its inputs, and only stores the rest)")
 
 
 def _output_views(field: dict) -> list[dict | None]:
