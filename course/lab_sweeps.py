@@ -256,7 +256,12 @@ def load(gpu: str) -> tuple[SweepPoint, ...]:
 @functools.cache
 def _read(path: Path) -> tuple[SweepPoint, ...]:
     _note("lab_sweeps._read()")  # the first time only (then the cache answers)
-    with path.open(newline="") as f:
+    return read(path)
+
+
+def read(path: Path) -> tuple[SweepPoint, ...]:
+    """Every point of a sweep's file, read now (`load` reads the course's once a process)."""
+    with Path(path).open(newline="") as f:
         return tuple(parse(row) for row in csv.DictReader(f))
 
 

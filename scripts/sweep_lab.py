@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import csv
 import importlib.util
 import json
 import multiprocessing
@@ -29,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +127,7 @@ def graph_measure(label: str, fn, make_args, nbytes: int) -> bench.Measurement:
     return bench.Measurement(label, timing.median_s, int(nbytes), hardware.copy_bandwidth())
 
 
+@cache
 def notebook_graph_timer():
     """The chapter's own `graph_seconds_per_call` (the cell `e5-graph-capture`), which the
     notebook times a live panel with on a GPU: run beside the recorded graph points as a
@@ -165,16 +165,11 @@ def notebook_check(fn, n_rows: int, n_cols: int) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-def read_points(path: Path) -> list[lab_sweeps.SweepPoint]:
-    with path.open(newline="") as f:
-        return [lab_sweeps.parse(row) for row in csv.DictReader(f)]
-
-
 def merge(new: Path, into: Path) -> None:
     """Add the points of `new` (a file this script wrote) to the sweep file `into`, each
     point recorded again replacing the old one. Both must be one GPU's."""
-    points = read_points(new)
-    old = read_points(into) if into.is_file() else []
+    points = lab_sweeps.read(new)
+    old = lab_sweeps.read(into) if into.is_file() else ()
     gpus = {p.gpu for p in points} | {p.gpu for p in old}
     if len(gpus) > 1:
         raise SystemExit(f"{new} and {into} hold points of {', '.join(sorted(gpus))}: "

@@ -238,7 +238,7 @@ def test_merging_writes_the_recorded_file_back_unchanged_but_for_the_points_adde
     graph = [dataclasses.replace(p, gpu="H200", n_rows=3) for p in timers_at_small_shape("graph")]
     lab_sweeps.write(graph, new)
     sweep_lab.merge(new, into)
-    merged = sweep_lab.read_points(into)
+    merged = list(lab_sweeps.read(into))
     assert merged[-2:] == graph
     assert len(merged) == len(lab_sweeps.load("H200")) + 2
     lab_sweeps.write([dataclasses.replace(p, gpu="H100") for p in graph], new)

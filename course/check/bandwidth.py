@@ -297,7 +297,7 @@ def own_memory_loads(trace: dict, key: str, counts: torch.Tensor,
                      names: Sequence[str]) -> str | None:
     """What `counts` (loads per byte of the storage `key` of a traced call, one the call
     allocated) says of the call's own memory loaded back, in words; None when none was."""
-    from course.verify.load_count import per_element
+    from course.verify.load_count import output_views, per_element
 
     if not bool((counts > 0).any()):
         return None
@@ -316,7 +316,7 @@ def own_memory_loads(trace: dict, key: str, counts: torch.Tensor,
         per, unit = counts, "bytes"
     count, total, most = int((per > 0).sum()), per.numel(), int(per.max())
     times = "once" if most == 1 else ("twice" if most == 2 else f"{most} times")
-    returned = [f"`{names[i]}`" for i, out in enumerate(_output_views(trace["outputs"]))
+    returned = [f"`{names[i]}`" for i, out in enumerate(output_views(trace))
                 if out is not None and out["storage"] == key and i < len(names)]
     written = {step["op"] for step in trace["steps"] if step["op"] in ("fill", "copy")
                and step["target"]["storage"] == key}
@@ -336,12 +336,6 @@ def own_memory_loads(trace: dict, key: str, counts: torch.Tensor,
     return (f"{how}: {amount} loaded {times}, an extra write and read of {count} {unit} in "
             f"the call counted (a {shape} buffer) that a fused kernel never makes (it loads "
             "its inputs, and only stores the rest)")
-
-
-def _output_views(field: dict) -> list[dict | None]:
-    """Each output of a traced call's `outputs` field: its view, or None (not a tensor)."""
-    items = field["sequence"] if "sequence" in field else [field]
-    return [item.get("tensor") for item in items]
 
 
 def _refuse_loads(label: str, name: str, count: Callable[[], torch.Tensor],

@@ -158,13 +158,20 @@ def load_counts(call: TracedCall, args: Sequence[object], index: int) -> torch.T
     x = args[index]
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"argument {index} is not a tensor")
+    return per_element(_input_bytes_loaded(call, args, x), x.element_size(), tuple(x.shape),
+                       tuple(x.stride()), x.storage_offset())
+
+
+def _input_bytes_loaded(call: TracedCall, args: Sequence[object], x: torch.Tensor
+                        ) -> torch.Tensor:
+    """Loads of each byte of the storage of `x`, one of `args`, when the traced call's work
+    is replayed on `args` (int32, on x's device)."""
     storage = x.untyped_storage()
     counts = torch.zeros(storage.nbytes(), dtype=torch.int32, device=x.device)
     kernels = counting_kernels(call.trace["kernels"], counts, storage.data_ptr(),
                                storage.nbytes())
     Replay(call.trace, call.keys, kernels)(*args)
-    return per_element(counts, x.element_size(), tuple(x.shape), tuple(x.stride()),
-                       x.storage_offset())
+    return counts
 
 
 # The key under which an output's storage travels into a replay that counts its loads.
@@ -234,30 +241,30 @@ class OwnMemory:
         size = torch.empty(0, dtype=view["dtype"]).element_size()
         if key.startswith("input:"):
             index = self.call.keys.index(key.removeprefix("input:"))
-            buffer = self.args[index].untyped_storage()
-            counts = torch.zeros(buffer.nbytes(), dtype=torch.int32,
-                                 device=self.args[index].device)
-            kernels = counting_kernels(self.call.trace["kernels"], counts, buffer.data_ptr(),
-                                       buffer.nbytes())
-            Replay(self.call.trace, self.call.keys, kernels)(*self.args)
+            counts = _input_bytes_loaded(self.call, self.args, self.args[index])
         else:
             counts = self.bytes_loaded(key)
         return per_element(counts, size, view["shape"], view["stride"], view["offset"])
 
 
+def output_views(trace: dict) -> list[dict | None]:
+    """Where each output of the traced call lives (a `Tracer.describe` field), None for one
+    that is not a tensor, in the order it returned them."""
+    field = trace["outputs"]
+    items = field["sequence"] if "sequence" in field else [field]
+    return [item.get("tensor") for item in items]
+
+
 def output_view(trace: dict, position: int) -> dict:
     """Where the traced call's output number `position` lives (a `Tracer.describe` field)."""
-    field = trace["outputs"]
-    if "sequence" in field:
-        items = field["sequence"]
-        if not 0 <= position < len(items):
-            raise ValueError(f"the traced call returned {len(items)} values, no {position}")
-        field = items[position]
-    elif position != 0:
-        raise ValueError(f"the traced call returned one value, no {position}")
-    if "tensor" not in field:
+    views = output_views(trace)
+    if not 0 <= position < len(views):
+        raise ValueError(f"the traced call returned {len(views)} values, no {position}"
+                         if "sequence" in trace["outputs"] else
+                         f"the traced call returned one value, no {position}")
+    if views[position] is None:
         raise NotReplayable(f"output {position} of the traced call is not a tensor")
-    return field["tensor"]
+    return views[position]
 
 
 def _renamed(value: object, key: str) -> object:
