@@ -233,6 +233,13 @@ MISTAKES: dict[str, Mistake] = {
               "cols, mask=mask, other=0.0).to(tl.float32)\n        dy = tl.load(dy_ptr + row * "
               "stride_dy_row")),
         ("ex07_backward_dx", "ex07_backward_dw"), LOOP_HINT),
+    "kernel_block_past_last_row": Mistake(
+        "kernel 1's block ends at first + rows_per_program, not clamped to n_rows: the short "
+        "last block runs past row M - 1 (only in interpreter mode, where 37 rows go to 8 "
+        "programs; on a GPU split_programs gives those cases one row a program)",
+        _one(K1, ("last = tl.minimum(first + rows_per_program, n_rows)",
+                  "last = first + rows_per_program")),
+        ("ex07_backward_dx", "ex07_backward_dw"), "stop each program's block of rows at row"),
     # ---- exercise 1: dW
     "dw_not_accumulated": Mistake(
         "dw_acc = dy * x_hat: each partial row holds its block's last row",

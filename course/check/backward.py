@@ -445,6 +445,36 @@ STRIDED_ADVICE = (
     "dx_ptr + row * stride_dx_row.")
 
 
+# Kernel 1 loops over a block of rows: a block that runs past row M - 1 (no tl.minimum on
+# its end) reads and writes past the tensors, which the generic advice (one program per
+# row, mask the columns) does not name.
+BLOCK_BOUNDS_ADVICE = {
+    "output_margin_written": (
+        "Your kernel writes outside a tensor your function allocated (its shape is below): "
+        "past the end of a row, or past the last row. Mask each store with the columns' "
+        "mask (cols < n_cols). And stop each program's block "
+        "of rows at row M - 1: last = tl.minimum(first + rows_per_program, n_rows), since "
+        "the last block is short when rows_per_program does not divide M."),
+    "outside_every_tensor": (
+        "Your kernel loads or stores far outside every tensor it was given. The check "
+        "switched those lanes off; left alone, Triton's interpreter reads and writes whatever "
+        "memory lies there (the notebook's kernel can crash), and a GPU stops with an "
+        "illegal memory access. Check the blocks of rows: program pid owns rows "
+        "first = pid * rows_per_program up to, not including, "
+        "last = tl.minimum(first + rows_per_program, n_rows), and the grid has "
+        "triton.cdiv(M, rows_per_program) programs. And check each pointer: a row of x, dy "
+        "or dx starts at row * that tensor's own row stride, row pid of a workspace at "
+        "pid * n_cols, and the weight takes no row offset (w_ptr + cols)."),
+    # The one case whose blocks do not divide M (37 rows over 8 programs) has an odd N too.
+    "mask": (
+        "Cases where N is a power of two pass, the others fail. Are the loads (and stores) "
+        "past the end of a row masked? Use cols = tl.arange(0, BLOCK_N), mask = cols < "
+        "n_cols (not <=: column n_cols is already past the end), tl.load(..., mask=mask, "
+        "other=0.0) and tl.store(..., mask=mask). If they are, and only the case of 37 rows "
+        "fails, look at the rows instead: stop each program's block of rows at row M - 1."),
+}
+
+
 def dy_like(case: Case, gen: torch.Generator):
     """dy for a backward case: x's shape and dtype, its rows laid out with half x's padding."""
     return case.make_like_input(gen, row_padding=case.row_padding // 2)
@@ -484,6 +514,7 @@ RMSNORM_BACKWARD = Exercise(
             "Allocate dx (and the dw that kernel 2 writes), pass them to your kernels, and "
             "return them."),
         "strided": STRIDED_ADVICE,
+        **BLOCK_BOUNDS_ADVICE,
     },
 )
 

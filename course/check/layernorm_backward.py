@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from course import reference, runtime, traffic
 from course.check.backward import (
+    BLOCK_BOUNDS_ADVICE,
     STRIDED_ADVICE,
     constant_factor,
     dw_sum_atol,
@@ -290,6 +291,7 @@ LAYERNORM_BACKWARD = Exercise(
             "there: their difference keeps three digits or so. Subtract first, "
             "x_hat = (x - mean) * rstd: two neighbouring float32 values subtract exactly."),
         "strided": STRIDED_ADVICE,
+        **BLOCK_BOUNDS_ADVICE,
     },
 )
 
