@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import course  # noqa: F401  (the execution mode before any kernel is defined)
 from course import compiled, runtime
