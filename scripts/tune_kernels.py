@@ -95,10 +95,11 @@ def forward_candidates(N: int, sms: int) -> list[ForwardPlan]:
                 shared = functools.partial(ForwardPlan, path="split", block_n=chunk, split=split)
                 for warps in (8, 16, 32):
                     if 8 <= chunk / (32 * warps) <= 64:
-                        out.append(shared(num_warps=warps, out_block=8192))
+                        out += [shared(num_warps=warps, out_block=second)
+                                for second in (4096, 8192)]
                         if warps == 16:  # two programs an SM
-                            out.append(shared(num_warps=warps, out_block=8192,
-                                              max_registers=64))
+                            out += [shared(num_warps=warps, out_block=second,
+                                           max_registers=64) for second in (4096, 8192)]
                         if chunk >= 32768:  # larger second-pass blocks, register caps
                             out += [shared(num_warps=warps, out_block=min(second, chunk),
                                            max_registers=registers)

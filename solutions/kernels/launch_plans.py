@@ -85,6 +85,11 @@ class ForwardPlan:
         the kernel needs no masks (a run-time bound costs more than it looks)."""
         return {"EVEN": not self.keep_masks and N == self.block_n and M % self.block_m == 0}
 
+    def split_even(self, N: int) -> bool:
+        """The split kernels' EVEN: the row is exactly its programs' blocks, so no access
+        needs a mask (docs/launch-rules.md#layernorm-split-even)."""
+        return self.path == "split" and N == self.split * self.block_n
+
     def row_blocks(self, N: int) -> dict:
         """The loop kernels' ROW_BLOCKS (a ONE_ROW row's cdiv(N, block_n) unrolled blocks; 0:
         they loop) and EVEN (a row of several blocks fills every block of both passes)."""

@@ -253,6 +253,20 @@ def _sums_about(x, mask, shift):
 
 
 @triton.jit
+def _add_pairs(a, a2, b, b2):
+    return a + b, a2 + b2
+
+
+@triton.jit
+def _sums_about_at_once(x, mask, shift):
+    """_sums_about in one reduction across warps instead of two; the split path's, measured
+    faster there (docs/launch-rules.md#layernorm-split-even). GPU only: the interpreter adds
+    a reduction of its own up value by value in float32, less precisely than tl.sum."""
+    d = _deviations(x, mask, shift)
+    return tl.reduce((d, d * d), 0, _add_pairs)
+
+
+@triton.jit
 def _shifted_sums(x_ptr, cols, mask, shift):
     """_sums_about a block, loaded to be read again."""
     return _sums_about(_load_to_read_again(x_ptr, cols, mask), mask, shift)
@@ -283,11 +297,12 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
                                STORE_STATS: tl.constexpr, HEAD: tl.constexpr,
                                RELOAD: tl.constexpr, SPLIT: tl.constexpr,
                                BLOCK_N: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                               MULTIPLE: tl.constexpr):
+                               EVEN: tl.constexpr, MULTIPLE: tl.constexpr):
     # As rmsnorm_fwd_split_kernel: program p owns BLOCK_N columns of row p // SPLIT. Every
     # program of a row computes the same shift, publishes its two shifted sums, and once the
     # row's sums are in reads its columns again (RELOAD) or normalises what it kept in
-    # registers (pass 2 then reads only the weight and bias from L2).
+    # registers (pass 2 then reads only the weight and bias from L2). EVEN: the row is
+    # SPLIT * BLOCK_N columns exactly, so no access needs a mask.
     N, stride_x_row, stride_y_row, _, _ = stated_multiples(
         N, stride_x_row, stride_y_row, 0, 0, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
@@ -295,14 +310,14 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
     part = pid % SPLIT
     x_row = x_ptr + row * stride_x_row
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < N
+    mask = columns_in_row(cols, N, EVEN=EVEN)
     if RELOAD:
         x = _load_to_read_again(x_row, cols, mask)
     else:
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     # after x's load is issued: the shift's sum waits for its own load
     shift = _row_shift(x_row, N, HEAD=HEAD)
-    sum_d, sum_d2 = _sums_about(x, mask, shift)
+    sum_d, sum_d2 = _sums_about_at_once(x, mask, shift)
     slots = slots_ptr + row * (2 * SPLIT)
     publish(slots + 2 * part, sum_d, epoch)
     publish(slots + 2 * part + 1, sum_d2, epoch)
@@ -316,7 +331,8 @@ def layernorm_fwd_split_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
         for start in range(0, BLOCK_N, OUT_BLOCK):
             out_cols = part * BLOCK_N + start + tl.arange(0, OUT_BLOCK)
             _normalise_again(x_row, w_ptr, b_ptr, y_ptr + row * stride_y_row, out_cols,
-                             out_cols < N, mean, rstd, HAS_WEIGHT=HAS_WEIGHT,
+                             columns_in_row(out_cols, N, EVEN=EVEN), mean, rstd,
+                             HAS_WEIGHT=HAS_WEIGHT,
                              HAS_BIAS=HAS_BIAS)
     else:
         y = _affine((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT=HAS_WEIGHT,
@@ -434,7 +450,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
             slots, epoch = exchange_slots(2 * M * plan.split, x.device)
             kernel, args = layernorm_fwd_split_kernel, (*args[:6], slots, epoch, *args[6:])
             flags |= dict(HEAD=HEAD, RELOAD=plan.reload, SPLIT=plan.split,
-                          BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block)
+                          BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block,
+                          EVEN=plan.split_even(N))
         else:
             kernel = layernorm_fwd_loop_kernel
             flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block,

@@ -309,17 +309,19 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
                              HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                              STORE_RSTD: tl.constexpr, RELOAD: tl.constexpr,
                              SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                             OUT_BLOCK: tl.constexpr, MULTIPLE: tl.constexpr):
+                             OUT_BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                             MULTIPLE: tl.constexpr):
     # Program p owns BLOCK_N columns of row p // SPLIT, loaded at once. The SPLIT programs of
     # a row exchange their sums of squares (sibling_sync.py says why this cannot deadlock),
     # then each reads its columns again (RELOAD) or normalises what it kept in registers.
+    # EVEN: the row is SPLIT * BLOCK_N columns exactly, so no access needs a mask.
     N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row = stated_multiples(
         N, stride_x_row, stride_res_row, stride_y_row, stride_res_out_row, MULTIPLE=MULTIPLE)
     pid = tl.program_id(0)
     row = (pid // SPLIT).to(tl.int64)
     part = pid % SPLIT
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < N
+    mask = columns_in_row(cols, N, EVEN=EVEN)
     x = _row_block_to_read_again(x_ptr, res_ptr, res_out_ptr, row, cols, mask, stride_x_row,
                                  stride_res_row, stride_res_out_row, HAS_RESIDUAL=HAS_RESIDUAL)
     publish(slots_ptr + row * SPLIT + part, tl.sum(x * x, axis=0), epoch)
@@ -337,7 +339,8 @@ def rmsnorm_fwd_split_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, rstd_ptr
         for start in range(0, BLOCK_N, OUT_BLOCK):
             out_cols = part * BLOCK_N + start + tl.arange(0, OUT_BLOCK)
             _normalise_again(src_ptr, w_ptr, y_ptr + row * stride_y_row, out_cols,
-                             out_cols < N, rstd, HAS_WEIGHT=HAS_WEIGHT)
+                             columns_in_row(out_cols, N, EVEN=EVEN), rstd,
+                             HAS_WEIGHT=HAS_WEIGHT)
     else:
         y = x * rstd
         if HAS_WEIGHT:
@@ -396,7 +399,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
             slots, epoch = exchange_slots(M * plan.split, x.device)
             kernel, args = rmsnorm_fwd_split_kernel, (*args, slots, epoch, M, N, *strides, eps)
             flags |= dict(RELOAD=plan.reload, SPLIT=plan.split, BLOCK_N=plan.block_n,
-                          OUT_BLOCK=plan.out_block)
+                          OUT_BLOCK=plan.out_block, EVEN=plan.split_even(N))
         else:
             kernel, args = rmsnorm_fwd_loop_kernel, (*args, M, N, *strides, eps)
             flags |= dict(BLOCK_N=plan.block_n, OUT_BLOCK=plan.out_block,
