@@ -235,8 +235,8 @@ MISTAKES: dict[str, Mistake] = {
         ("ex07_backward_dx", "ex07_backward_dw"), LOOP_HINT),
     "kernel_block_past_last_row": Mistake(
         "kernel 1's block ends at first + rows_per_program, not clamped to n_rows: the short "
-        "last block runs past row M - 1 (only in interpreter mode, where 37 rows go to 8 "
-        "programs; on a GPU split_programs gives those cases one row a program)",
+        "last block runs past row M - 1 (in interpreter mode 37 rows go to 8 programs; on a "
+        "GPU, the rows-left-over case: 20003 rows in blocks of 2 on 132 SMs)",
         _one(K1, ("last = tl.minimum(first + rows_per_program, n_rows)",
                   "last = first + rows_per_program")),
         ("ex07_backward_dx", "ex07_backward_dw"), "stop each program's block of rows at row"),

@@ -47,9 +47,13 @@ def test_each_mistake_fails_its_own_cells_with_its_own_message(name):
     mistake = MISTAKES[name]
     if "loop_variable" in name and runtime.on_gpu():
         pytest.skip("a GPU runs row.to(tl.int64): only the interpreter refuses it")
-    if name == "kernel_block_past_last_row" and runtime.on_gpu():
-        pytest.skip("on a GPU the wrapper gives each of these cases' rows a program of its own")
     module = load(mistake.edits)
+    if name == "kernel_block_past_last_row" and runtime.on_gpu():
+        # Only the rows-left-over case has a short last block there; what its rows past M
+        # read (the guard values around x and dy) decides the message, not the sandbox.
+        for cell in mistake.loses:
+            assert check_cell(module, cell) is not None, f"{name} passed {cell}"
+        return
     failing = set(mistake.loses) | set(mistake.also)
     for cell in mistake.checked:
         message = check_cell(module, cell)

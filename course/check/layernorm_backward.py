@@ -24,12 +24,14 @@ The chapter grades dx, dw and db in a cell each (`only=`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 from course import reference, runtime, traffic
 from course.check.backward import (
     BLOCK_BOUNDS_ADVICE,
+    ROWS_LEFT_OVER,
     STRIDED_ADVICE,
     constant_factor,
     dw_sum_atol,
@@ -79,6 +81,7 @@ def _cases() -> tuple[Case, ...]:
         cases += [
             case("large M", (8192, 1024), bf16, {"half", "bf16", "pow2"}),
             case("long rows", (512, 16384), bf16, {"half", "bf16", "long"}),
+            dataclasses.replace(ROWS_LEFT_OVER, eps=EPS),
         ]
     return tuple(cases)
 
