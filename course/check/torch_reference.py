@@ -155,7 +155,7 @@ TORCH_RMSNORM = Exercise(
     advice=_ADVICE,
     dtype_reasons={"y": "the input's dtype: compute the statistics in float32, then convert "
                         "y back with .to(x.dtype)"},
-    dtype_fix="Convert the result before returning it: return y.to(x.dtype).",
+    dtype_fix="Convert the result before returning it: return y.to(x.dtype)",
     outputs_from_triton=False,
     # Rounding x * rstd to bfloat16, then multiplying by the weight, moves a row coherently
     # by up to 2^-9 (measured: 0.22 % at worst over 4099 rows); bfloat16 statistics are
