@@ -96,6 +96,42 @@ def divides_by_block(x, weight, eps=1e-6):
 
 
 @triton.jit
+def _sqrt_missing_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                         BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / (tl.sum(x * x, axis=0) / n_cols + eps)  # the square root left out
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def sqrt_missing(x, weight, eps=1e-6):
+    """rstd = 1 / (mean(x^2) + eps): the message had been 'Compare your formula'."""
+    return _launch(_sqrt_missing_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
+def _times_rms_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
+                      BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    rms = tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y_row + cols, (x * rms * w).to(y_ptr.dtype.element_ty),
+             mask=mask)  # multiplied by the RMS, not divided by it
+
+
+def times_rms(x, weight, eps=1e-6):
+    """y = x * sqrt(mean(x^2) + eps) * weight: the message had been 'Compare your formula'."""
+    return _launch(_times_rms_kernel, x, weight, eps).view(x.shape)
+
+
+@triton.jit
 def _no_weight_kernel(x_ptr, w_ptr, y_ptr, stride_x_row, stride_y_row, n_cols, eps,
                       BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
@@ -458,4 +494,7 @@ BROKEN = {
     "variance_not_mean_square": (variance_not_mean_square, "rstd comes from the row's variance"),
     "layernorm_without_bias": (layernorm_without_bias, "y is LayerNorm's (x - mean)"),
     "numpy_behind_a_dummy_launch": (numpy_behind_a_dummy_launch, "never passed to your kernel"),
+    "sqrt_missing": (sqrt_missing,
+                     "y is x / (mean(x^2) + eps) * weight: the square root is missing"),
+    "times_rms": (times_rms, "y is x * sqrt(mean(x^2) + eps) * weight: the RMS multiplied by"),
 }

@@ -3,9 +3,10 @@
 The learner writes `rmsnorm(x, weight, eps=1e-6) -> y`: y = x / sqrt(mean(x^2) + eps) * weight
 over the last dimension of an input of any shape, y in x's dtype. A wrong output is also
 compared with the answers of common mistakes (SUSPECTS: no weight, a sum for the mean, eps
-outside the square root, a statistic over the wrong dimension, a division by the padded
-block, padding loaded as ones, a loop that leaves out the last partial block, a weight
-loaded with a row offset), so that the message names the bug.
+outside the square root, rstd without its square root or not inverted, a statistic over the
+wrong dimension, a division by the padded block, padding loaded as ones, a loop that leaves
+out the last partial block, a weight loaded with a row offset), so that the message names
+the bug.
 """
 
 from __future__ import annotations
@@ -97,6 +98,24 @@ def sum_not_mean(t: Tensors, case: Case) -> torch.Tensor:
 
 def eps_outside_sqrt(t: Tensors, case: Case) -> torch.Tensor:
     return _wrong_rmsnorm(t, case, _squares(t).mean(dim=-1, keepdim=True), eps_outside=True)
+
+
+def rstd_misshapen(t: Tensors, case: Case, got: torch.Tensor, *, of: str = "x") -> str | None:
+    """A detail when y is x times (mean(x^2) + eps) to a power other than -1/2, * weight: the
+    square root left out (1 / (mean(x^2) + eps)), or the root mean square multiplied by
+    instead of divided by (sqrt(mean(x^2) + eps)). `of` names the normalised tensor in the
+    detail (chapter 05 normalises h)."""
+    x64 = t["x"].to(torch.float64)
+    mean_square_eps = _squares(t).mean(dim=-1, keepdim=True) + case.eps
+    w = t["weight"].to(torch.float64)
+    for wrong, what in (
+            (x64 / mean_square_eps, f"{of} / (mean({of}^2) + eps) * weight: the square root "
+             "is missing"),
+            (x64 * mean_square_eps.sqrt(), f"{of} * sqrt(mean({of}^2) + eps) * weight: the "
+             "RMS multiplied by, not divided by")):
+        if compare("y", got, wrong * w, got.dtype) is None:
+            return f"y is {what}"
+    return None
 
 
 # eps values a wrapper or kernel may hard-code instead of passing the argument on.
@@ -286,6 +305,13 @@ SUSPECTS = (
             "RMSNorm adds it inside, rstd = 1 / sqrt(mean(x^2) + eps). With the default eps "
             "the two barely differ, so only rows with a small mean square or a larger eps "
             "show it.", expected=eps_outside_sqrt),
+    Suspect("rstd_not_inverse_sqrt", "y",
+            "rstd is not 1 / sqrt(mean(x^2) + eps): y is x scaled by 1 / (mean(x^2) + eps) "
+            "(the square root left out) or by sqrt(mean(x^2) + eps) (the root mean square "
+            "multiplied by instead of divided by). Compute rstd = 1.0 / tl.sqrt(tl.sum(x * x, "
+            "axis=0) / n_cols + eps) and y = x * rstd * w (in PyTorch, rstd = "
+            "torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)).",
+            matches=rstd_misshapen),
     Suspect("constant_eps", "y",
             "eps is a constant of your own: use the eps argument you are given, all the "
             "way to where rstd is computed. With a small eps the two barely differ, so only "
