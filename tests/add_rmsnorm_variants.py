@@ -39,6 +39,10 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x_row, stride_r
         rstd = 1.0 / (tl.sqrt(tl.sum(v * v, axis=0) / n_cols) + eps)
     elif RSTD == "sum":  # the bug: the sum of squares, not their mean
         rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) + eps)
+    elif RSTD == "no sqrt":  # the bug: 1 / (mean + eps), the square root left out
+        rstd = 1.0 / (tl.sum(v * v, axis=0) / n_cols + eps)
+    elif RSTD == "times rms":  # the bug: sqrt(mean + eps), multiplied by, not divided by
+        rstd = tl.sqrt(tl.sum(v * v, axis=0) / n_cols + eps)
     elif RSTD == "variance":  # the bug: LayerNorm's statistic, about the mean
         d = tl.where(mask, v - tl.sum(v, axis=0) / n_cols, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n_cols + eps)
@@ -124,6 +128,16 @@ def sum_not_mean(x, residual, weight, eps=1e-6):
 
 def variance_not_mean_square(x, residual, weight, eps=1e-6):
     return _launch(x, residual, weight, eps, rstd="variance")
+
+
+def sqrt_missing(x, residual, weight, eps=1e-6):
+    # rstd = 1 / (mean(h^2) + eps): the message had been 'Compare your formula'.
+    return _launch(x, residual, weight, eps, rstd="no sqrt")
+
+
+def times_rms(x, residual, weight, eps=1e-6):
+    # y = h * sqrt(mean(h^2) + eps) * weight: the RMS multiplied by, not divided by.
+    return _launch(x, residual, weight, eps, rstd="times rms")
 
 
 def weight_row_offset(x, residual, weight, eps=1e-6):
@@ -240,4 +254,7 @@ BROKEN = {
     "sum_not_mean": (sum_not_mean, "about sqrt(N) times too small"),
     "variance_not_mean_square": (variance_not_mean_square, "rstd comes from the variance of h"),
     "padding_of_ones": (padding_of_ones, "The masked lanes' fill value enters the sum"),
+    "sqrt_missing": (sqrt_missing,
+                     "y is h / (mean(h^2) + eps) * weight: the square root is missing"),
+    "times_rms": (times_rms, "y is h * sqrt(mean(h^2) + eps) * weight: the RMS multiplied by"),
 }

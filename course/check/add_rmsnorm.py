@@ -13,6 +13,7 @@ the elements where the two answers round differently, y must side with the store
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from course import reference, runtime, traffic
 from course.check import rmsnorm as rmsnorm_suspects
@@ -192,6 +193,12 @@ SUSPECTS = (
             "RMSNorm adds it inside, rstd = 1 / sqrt(mean(h^2) + eps). With the default eps "
             "the two barely differ, so only rows with a small mean square or a larger eps "
             "show it.", expected=_of_the_sum(rmsnorm_suspects.eps_outside_sqrt)),
+    Suspect("rstd_not_inverse_sqrt", "y",
+            "rstd is not 1 / sqrt(mean(h^2) + eps): y is h scaled by 1 / (mean(h^2) + eps) "
+            "(the square root left out) or by sqrt(mean(h^2) + eps) (the root mean square "
+            "multiplied by instead of divided by). Compute rstd = 1.0 / tl.sqrt(tl.sum(h * h, "
+            "axis=0) / n_cols + eps) and y = h * rstd * w.",
+            matches=_of_the_sum(partial(rmsnorm_suspects.rstd_misshapen, of="h"))),
     Suspect("constant_eps", "y",
             "eps is a constant of your own: use the eps argument you are given (pass it on "
             "to the kernel at the launch). With a small eps the two barely differ, so only "
