@@ -16,6 +16,11 @@ A fingerprint is the SHA-256 of the function's syntax tree, written out field by
 without its name, its decorators or any string standing alone as a statement (docstrings):
 what Python runs, not how the text is laid out. Renaming variables or reordering code
 changes it; the checkers' other rules, and the grader's scan, still apply to such a copy.
+
+A third record is measured, not written from the source: `ncu-h200-split.json` holds the
+counters Nsight Compute reported for two reference kernels on an H200 (`ncu_counters`),
+copied from the raw reports in `docs/sweeps/2026-11-28-split-even/`, which it names, so that
+chapter 08 can read a profile on a machine without the GPU or the profiler.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import inspect
 import json
 import textwrap
 import weakref
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,6 +40,7 @@ from typing import Any
 DATA = Path(__file__).parent / "data"
 FINGERPRINTS = DATA / "kernel_fingerprints.json"
 PLANS = DATA / "reference_plans.json"
+NCU_COUNTERS = DATA / "ncu-h200-split.json"
 # Changes whenever the way a fingerprint is computed changes (the records say which).
 SCHEME = "ast-sha256-v1"
 # Fields that differ between Python versions without changing what the code does.
@@ -148,5 +155,59 @@ def planned_for() -> str:
     return _plans()["planned_for"]
 
 
-__all__ = ["FINGERPRINTS", "PLANS", "SCHEME", "copied_from", "fingerprint", "planned_for",
-           "reference_plan", "shipped_fingerprints"]
+@dataclass(frozen=True)
+class KernelCounters:
+    """What Nsight Compute reported for one launch of a kernel (percentages are of the GPU's
+    peak; the duration is ncu's, clocks locked and caches flushed, not a user's time)."""
+    kernel: str
+    grid_size: int
+    block_size: int
+    registers_per_thread: int
+    duration_us: float
+    dram_throughput_pct: float
+    dram_tbyte_per_s: float
+    sm_throughput_pct: float
+    warp_cycles_per_issued_instruction: float
+    local_memory_spilling_requests: int
+    block_limit_registers: int
+    block_limit_warps: int
+    theoretical_warps_per_sm: int
+    theoretical_occupancy_pct: float
+    achieved_occupancy_pct: float
+    ncu_says: str
+
+
+@dataclass(frozen=True)
+class NcuRecord:
+    """Recorded counters of several kernels, with where and how they were measured."""
+    gpu: str
+    driver: str
+    ncu: str
+    torch: str
+    triton: str
+    date: str
+    kernels_at: str                     # the commit whose kernels were profiled
+    shape: tuple[int, int]
+    dtype: str
+    sources: dict[str, str]             # op -> the raw ncu report, from the repository root
+    kernels: dict[str, KernelCounters]  # op ("layernorm", "rmsnorm") -> its counters
+
+    def recorded_with(self) -> str:
+        """The GPU, versions and date, in words."""
+        return (f"{self.gpu} (driver {self.driver}), {self.ncu}, torch {self.torch}, "
+                f"triton {self.triton}, {self.date}; kernels at commit {self.kernels_at}")
+
+
+def ncu_counters(path: Path = NCU_COUNTERS) -> NcuRecord:
+    """The recorded Nsight Compute counters (`ncu-h200-split.json`)."""
+    record = json.loads(Path(path).read_text())
+    # The file also says what it is ("what", "command"): only the fields above are read.
+    about = {f.name: record[f.name] for f in fields(NcuRecord) if f.name != "kernels"}
+    about["shape"] = tuple(about["shape"])
+    return NcuRecord(**about, kernels={op: KernelCounters(**counters)
+                                       for op, counters in record["kernels"].items()})
+
+
+__all__ = ["FINGERPRINTS", "NCU_COUNTERS", "PLANS", "SCHEME", "KernelCounters", "NcuRecord",
+           "copied_from", "fingerprint", "ncu_counters", "planned_for", "reference_plan",
+           "shipped_fingerprints"]

@@ -1,7 +1,8 @@
 """What the learner's package records of the reference kernels (`course.kernel_records`):
 the fingerprints that let the checkers refuse a copy of a reference kernel without shipping
 the kernels, and the launch plans the chapters show. Both must match solutions/kernels/
-(scripts/reference_records.py writes them)."""
+(scripts/reference_records.py writes them). And the Nsight Compute counters recorded on an
+H200, which must be the figures of the raw reports they were copied from."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +95,66 @@ def test_the_records_load_without_solutions(tmp_path):
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "rows"
+
+
+# ------------------------------------------------------------------ the recorded ncu counters
+
+# KernelCounters' field -> (ncu's metric name, its unit) in a raw report
+NCU_METRICS = {
+    "grid_size": ("Grid Size", ""),
+    "block_size": ("Block Size", ""),
+    "registers_per_thread": ("Registers Per Thread", "register/thread"),
+    "duration_us": ("Duration", "us"),
+    "dram_throughput_pct": ("DRAM Throughput", "%"),
+    "dram_tbyte_per_s": ("Memory Throughput", "Tbyte/s"),
+    "sm_throughput_pct": ("Compute (SM) Throughput", "%"),
+    "warp_cycles_per_issued_instruction": ("Warp Cycles Per Issued Instruction", "cycle"),
+    "local_memory_spilling_requests": ("Local Memory Spilling Requests", ""),
+    "block_limit_registers": ("Block Limit Registers", "block"),
+    "block_limit_warps": ("Block Limit Warps", "block"),
+    "theoretical_warps_per_sm": ("Theoretical Active Warps per SM", "warp"),
+    "theoretical_occupancy_pct": ("Theoretical Occupancy", "%"),
+    "achieved_occupancy_pct": ("Achieved Occupancy", "%"),
+}
+
+
+def _ncu_metrics(report: str) -> dict[tuple[str, str], float]:
+    """(metric name, unit) -> value, for every numeric row of an ncu text report's sections."""
+    found = {}
+    for line in report.splitlines():
+        parts = re.split(r"\s{2,}", line.strip())
+        if len(parts) in (2, 3) and re.fullmatch(r"[\d,]+(\.\d+)?", parts[-1]):
+            unit = parts[1] if len(parts) == 3 else ""
+            found[(parts[0], unit)] = float(parts[-1].replace(",", ""))
+    return found
+
+
+def test_the_recorded_ncu_counters_are_the_raw_reports_figures():
+    record = kernel_records.ncu_counters()
+    assert set(record.kernels) == set(record.sources) == {"layernorm", "rmsnorm"}
+    for op, counters in record.kernels.items():
+        report = (ROOT / record.sources[op]).read_text()
+        metrics = _ncu_metrics(report)
+        for field, key in NCU_METRICS.items():
+            assert getattr(counters, field) == metrics[key], (op, field)
+        grid, block = counters.grid_size, counters.block_size
+        assert f"{counters.kernel} ({grid}, 1, 1)x({block}, 1, 1)" in report
+        assert counters.ncu_says in " ".join(report.split())
+    readme = (ROOT / record.sources["layernorm"]).with_name("README.md").read_text()
+    for said in (record.gpu, record.driver, record.ncu, record.torch, record.triton,
+                 record.date, record.kernels_at):
+        assert said in readme, said
+
+
+def test_the_ncu_record_loads_from_a_file_of_its_own(tmp_path):
+    record = json.loads(kernel_records.NCU_COUNTERS.read_text())
+    record["kernels"]["rmsnorm"]["registers_per_thread"] = 31
+    path = tmp_path / "ncu.json"
+    path.write_text(json.dumps(record))
+    loaded = kernel_records.ncu_counters(path)
+    assert loaded.kernels["rmsnorm"].registers_per_thread == 31
+    assert loaded.shape == (1024, 131072)
+    assert "NVIDIA H200 (driver 580.159.04)" in loaded.recorded_with()
 
 
 # ------------------------------------------------------------------ the fingerprint
