@@ -47,7 +47,7 @@ from course.check import guards, sandbox
 from course.check.roofline import _traffic_calls
 from course.check.runner import explain_error
 from course.check.torch_reference import _RefuseBuiltInRMSNorm
-from course.verify import gpu_lane, protocol, replay, tamper
+from course.verify import gpu_lane, protocol, replay, tamper, walls
 
 import torch
 
@@ -125,6 +125,7 @@ class Server:
         self.reply_lane = False  # the request in hand may be answered through the lane
         self.snapshot = tamper.Snapshot.take()  # last: after everything the course imports
         self.reported: set[str] = set()
+        walls.install()  # before any of the submission's code
 
     def tampering(self) -> list[str]:
         """Changes since the snapshot, each reported once."""
@@ -133,6 +134,10 @@ class Server:
             if change.what not in self.reported:
                 self.reported.add(change.what)
                 new.append(str(change))
+        for what in list(walls.REFUSED):
+            if what not in self.reported:
+                self.reported.add(what)
+                new.append(f"tried {what}, which was refused")
         return new
 
     def handle(self, message: dict) -> dict:

@@ -86,11 +86,24 @@ class Change:
         return f"{self.what} was {self.how}"
 
 
+def _insides(value: object) -> tuple | None:
+    """What a function runs (its code, defaults and keyword defaults), which assignment
+    changes without replacing the function; None for what is not a Python function."""
+    function = getattr(value, "__func__", value)  # a staticmethod's or classmethod's
+    if isinstance(value, property):
+        function = value.fget
+    if not isinstance(function, types.FunctionType):
+        return None
+    return function.__code__, function.__defaults__, function.__kwdefaults__
+
+
 class Snapshot:
-    """What the checks rely on, by identity, at one moment."""
+    """What the checks rely on, by identity, at one moment: each object, and for a
+    function what it runs."""
 
     def __init__(self, entries: dict[str, object], environment: dict[str, str | None]):
         self._entries = entries
+        self._insides = {name: _insides(value) for name, value in entries.items()}
         self._environment = environment
 
     @classmethod
@@ -124,6 +137,10 @@ class Snapshot:
         for name, value in self._entries.items():
             if now.get(name) is not value:
                 found.append(Change(name, "replaced" if name in now else "replaced or deleted"))
+                continue
+            kept, current = self._insides[name], _insides(value)
+            if kept is not None and any(a is not b for a, b in zip(kept, current, strict=True)):
+                found.append(Change(name, "rewritten (its __code__ or defaults replaced)"))
         for name, value in self._environment.items():
             current = os.environ.get(name)
             if current != value:

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from course import gpu_lock, runtime
 from course.grade import prepare, read_notebook, temporary_environment
+from course.verify import walls
 from course.verify.protocol import OUTPUT_LIMIT
 from course.verify.proxy import (
     CellTimedOut,
@@ -433,11 +434,13 @@ def learner_process(workdir: Path, env: dict[str, str]) -> LearnerProcess:
                           log_path=workdir / "learner.log")
 
 
-def _grading_env() -> dict[str, str]:
+def _grading_env(source: Path) -> dict[str, str]:
     """The learner's process's environment: never the GPU lock's file (only the verifier
-    takes it, for the learner's cells too)."""
+    takes it, for the learner's cells too); the source notebook's folder for its walls
+    to refuse (`course.verify.walls`)."""
     env = dict(os.environ, MPLBACKEND="Agg", NBGRADER_EXECUTION="autograde",
-               **{runtime.GRADING_ENV: "1"})
+               **{runtime.GRADING_ENV: "1",
+                  walls.DENIED_ENV: str(Path(source).resolve().parent)})
     env.pop(gpu_lock.ENV, None)
     return env
 
@@ -463,7 +466,7 @@ def verify(submitted: str | Path, source: str | Path, *, cell_timeout_s: int = 3
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="verify-")))
         run = _Run(nb, source_nb, cell_timeout_s=cell_timeout_s, workdir=Path(workdir),
-                   env=_grading_env(), verdict=verdict, first=first)
+                   env=_grading_env(source), verdict=verdict, first=first)
         try:
             with _secret_seeds():
                 run.run()
@@ -497,7 +500,7 @@ def verify_all(submissions: list[tuple[Path, Path]], source: str | Path, *,
     runs; False means verify none (the grader started this ahead of time, then gave up)."""
     def launched(workdir: Path) -> LearnerProcess:
         workdir.mkdir()
-        process = learner_process(workdir, _grading_env())
+        process = learner_process(workdir, _grading_env(Path(source)))
         process.launch()
         return process
 

@@ -1,0 +1,252 @@
+"""What a submission's code may not do in the learner's process, refused as it is tried.
+
+An audit hook (PEP 578: nothing in Python removes one once it is added) refuses:
+
+- reading the grading's files, whoever asks: any notebook (`*.ipynb`: the course's sources,
+  every student's submissions), the checkout's folders besides the course package
+  (solutions/, grader/, tests/, ...), the folder of the source notebook being graded, and
+  another process's /proc entries;
+- starting a program, unless the course, torch or triton asks for one of the tools they
+  use (ptxas, a C compiler, Python), or it is one a notebook's own cell runs;
+- from a submission's code: switching the profile or trace hooks off (the checks' watches
+  use them), rewriting the code or defaults of a function of the course, torch, triton or
+  the standard library, calling native code through ctypes, walking the garbage
+  collector's objects (where this hook's data could be found), compiling code under a file
+  name of the course, torch or triton (to pass for theirs), changing the environment the
+  checks run under.
+
+Who asks is the first frame on the stack outside the standard library. "The course, torch
+or triton": a file of those packages. A library: any other installed package but those
+that run commands for their caller (IPython, pip, ...). A submission's code: a cell, and
+whatever it compiled. Each refusal raises PermissionError and is kept in `REFUSED`; the
+learner's process reports it as tampering, so the test cells from then on score 0, whether
+or not the submission caught the error.
+
+A tripwire with a high bar, not a wall: native code (a shared library the submission
+writes and has a trusted package load) is beyond it. An operating-system sandbox is the
+wall; `grader/README.md` says what is left open.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+REFUSED: list[str] = []  # what was refused, in order (the learner's process reports it)
+
+DENIED_ENV = "COURSE_WALLS_DENY"  # folders to deny besides the checkout's, os.pathsep-separated
+# The checkout's folders besides the course package (and a virtual environment in it).
+CHECKOUT_DENIED = ("solutions", "notebooks", "grader", "tests", "docs", "scripts", ".git")
+CORE = ("course", "torch", "triton")  # the packages whose code may start programs
+# Installed packages that run commands or code for their caller: not trusted as a library.
+COMMAND_RUNNERS = ("IPython", "ipykernel", "pip", "setuptools", "_distutils_hack",
+                   "pexpect", "ptyprocess", "jupyter_client", "jupyter_core", "nbclient",
+                   "nbconvert", "nbgrader")
+# Programs the core packages start: Triton's assembler and C compiler, torch's compilers and
+# workers, ldconfig (Triton finds libcuda with it); and matplotlib's font lister, any caller.
+TOOLS = ("ptxas", "gcc", "g++", "cc", "c++", "clang", "ld", "ldconfig", "nvcc", "cuobjdump",
+         "nvdisasm", "nvidia-smi", "x86_64-linux-gnu-gcc", "aarch64-linux-gnu-gcc")
+ANYONES_TOOLS = ("fc-list", "fc-match")
+# Programs a notebook's own cells start while graded: chapter 00's `python -m course doctor`.
+ALLOWED_COMMANDS = (("-m", "course", "doctor"),)
+# Refused unless a library or the core asks.
+LIBRARY_EVENTS = frozenset({
+    "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata",
+    "ctypes.cdata/buffer", "ctypes.addressof", "ctypes.call_function", "ctypes.string_at",
+    "ctypes.wstring_at", "ctypes.get_errno", "ctypes.set_errno", "gc.get_objects",
+    "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
+})
+# Refused unless the core asks (the checks' own watches set these hooks).
+CORE_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
+# Refused unless a library or the core asks, or Python's import machinery (importing a
+# module reads its cached code with marshal).
+UNLESS_IMPORTING = frozenset({"marshal.loads", "marshal.load"})
+PROGRAM_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
+                            "os.spawn", "os.startfile", "pty.spawn"})
+ARGV_AT = {"subprocess.Popen": 1, "os.exec": 1, "os.posix_spawn": 1, "os.spawn": 2}
+REWRITES = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+# Modules whose functions a submission may not rewrite, besides the core packages'.
+GUARDED_MODULES = ("builtins", "time", "os", "io", "sys", "warnings", "traceback",
+                   "threading", "contextlib", "functools", "pickle", "inspect", "subprocess")
+WATCHED_ENV_PREFIXES = ("COURSE_", "PYTHON", "TRITON_", "CUDA_", "NBGRADER", "LD_")
+
+NONE, LIBRARY, TRUSTED = 0, 1, 2  # who asked
+
+
+class _Places:
+    """Resolved folder prefixes: the standard library, installed packages, the core
+    packages, the command runners, and the denied folders."""
+
+    def __init__(self) -> None:
+        paths = sysconfig.get_paths()
+        self.stdlib = tuple({_folder(paths[k]) for k in ("stdlib", "platstdlib")})
+        self.site = tuple({_folder(paths[k]) for k in ("purelib", "platlib")})
+        import course
+
+        import torch
+        import triton
+
+        package = Path(course.__file__).resolve().parent
+        self.core = tuple(_folder(Path(m.__file__).parent) for m in (course, torch, triton))
+        self.runners = tuple(s + name + os.sep for s in self.site for name in COMMAND_RUNNERS)
+        denied = set()
+        checkout = package.parent
+        if (checkout / "solutions").is_dir():  # a checkout, not an installed package
+            denied |= {_folder(checkout / name) for name in CHECKOUT_DENIED}
+        denied |= {_folder(p) for p in os.environ.get(DENIED_ENV, "").split(os.pathsep) if p}
+        self.denied = tuple(denied)
+
+    def asker(self) -> int:
+        """Who asked: the first frame outside the standard library (TRUSTED where only
+        library frames are on the stack: a thread the core started)."""
+        frame = sys._getframe(2)  # asker, the hook (or fork_exec's stand-in), who asked
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith("<frozen "):
+                path = os.path.realpath(name) if os.path.isabs(name) else name
+                if not path.startswith(self.stdlib) or path.startswith(self.site):
+                    if path.startswith(self.core):
+                        return TRUSTED
+                    if path.startswith(self.site) and not path.startswith(self.runners):
+                        return LIBRARY
+                    return NONE
+            frame = frame.f_back
+        return TRUSTED
+
+
+def _folder(path: str | Path) -> str:
+    return os.path.realpath(path).rstrip(os.sep) + os.sep
+
+
+def _importing() -> bool:
+    """Whether Python's import machinery is on the stack (loading a module)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_find_and_load" and \
+                frame.f_code.co_filename == "<frozen importlib._bootstrap>":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _path_of(value: object) -> str | None:
+    if isinstance(value, (str, bytes, os.PathLike)):
+        try:
+            path = os.fsdecode(value)
+        except (TypeError, ValueError):
+            return None
+        return os.path.realpath(path) if path not in ("", ":memory:") else None
+    return None
+
+
+def _denied_path(path: str, denied: tuple[str, ...]) -> str | None:
+    """Why reading `path` is refused, or None."""
+    if path.endswith(".ipynb"):
+        return "a notebook"
+    if (path + os.sep).startswith(denied):
+        return "a folder of the course's grading"
+    parts = path.split(os.sep)
+    if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and \
+            int(parts[2]) != os.getpid():
+        return "another process's files"
+    return None
+
+
+def _program(argv: object) -> list[str] | None:
+    try:
+        return [os.fsdecode(a) for a in argv]
+    except TypeError:
+        return None
+
+
+def _program_allowed(argv: list[str] | None, asker: int) -> bool:
+    """Whether a program may start: a notebook's own command, matplotlib's font lister,
+    or a tool of the core packages (Python among them) that they asked for."""
+    if not argv:
+        return False
+    python = os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
+    if python and tuple(argv[1:]) in ALLOWED_COMMANDS:
+        return True
+    name = os.path.basename(argv[0])
+    if name.startswith(ANYONES_TOOLS):
+        return True
+    return asker == TRUSTED and (python or name.startswith(TOOLS))
+
+
+def _guarded_function(target: object) -> bool:
+    module = getattr(target, "__module__", None) or ""
+    return module.split(".")[0] in CORE or module in GUARDED_MODULES
+
+
+def install() -> None:
+    """Add the hook (once a process). Call it before any of the submission's code runs."""
+    if getattr(install, "done", False):
+        return
+    install.done = True
+    places = _Places()
+    refused = REFUSED
+    mine = os.getpid()
+
+    def refuse(what: str) -> None:
+        if os.getpid() == mine:  # a forked child's refusals are its own
+            refused.append(what)
+        raise PermissionError(f"refused while grading: {what}")
+
+    def hook(event: str, args: tuple) -> None:
+        if event in ("open", "sqlite3.connect"):
+            path = _path_of(args[0]) if args else None
+            why = _denied_path(path, places.denied) if path else None
+            if why:
+                refuse(f"reading {path} ({why})")
+        elif event in PROGRAM_EVENTS:
+            at = ARGV_AT.get(event)  # os.system's command line goes through a shell
+            argv = _program(args[at]) if at is not None and len(args) > at else None
+            if not _program_allowed(argv, places.asker()):
+                refuse(f"starting {' '.join(argv or [event])[:200]}")
+        elif event in CORE_EVENTS:
+            if places.asker() != TRUSTED:
+                refuse(f"{event} from the submission's code")
+        elif event in LIBRARY_EVENTS or event in UNLESS_IMPORTING and not _importing():
+            if places.asker() == NONE:
+                refuse(f"{event} from the submission's code")
+        elif event == "object.__setattr__" and len(args) > 1 and args[1] in REWRITES:
+            if _guarded_function(args[0]) and places.asker() != TRUSTED:
+                refuse(f"rewriting {getattr(args[0], '__qualname__', args[0])!s}.{args[1]}")
+        elif event == "object.__getattr__" and len(args) > 1 and args[1] in REWRITES:
+            if getattr(args[0], "__module__", None) == __name__ and \
+                    places.asker() != TRUSTED:
+                refuse(f"reading {args[1]} of the grading's {args[0].__qualname__}")
+        elif event in ("compile", "code.__new__") and len(args) > 1:
+            name = args[1]
+            path = _path_of(name) if isinstance(name, (str, bytes)) and name and \
+                os.path.isabs(os.fsdecode(name)) else None
+            if path and (path + os.sep).startswith(places.core) and \
+                    places.asker() != TRUSTED:
+                refuse(f"compiling code as {path}, a file of the course, torch or triton")
+        elif event in ("os.putenv", "os.unsetenv") and args:
+            key = os.fsdecode(args[0])
+            if key.startswith(WATCHED_ENV_PREFIXES) and places.asker() == NONE:
+                refuse(f"changing the environment variable {key}")
+
+    sys.addaudithook(hook)
+    _guard_fork_exec(places, refuse)
+
+
+def _guard_fork_exec(places: _Places, refuse) -> None:
+    """`_posixsubprocess.fork_exec` starts programs without an audit event (multiprocessing
+    calls it directly): the same rule, through a stand-in whose defaults, where the original
+    is kept, the hook refuses to show."""
+    try:
+        import _posixsubprocess
+    except ImportError:  # not POSIX
+        return
+
+    def fork_exec(*args, _original=_posixsubprocess.fork_exec, **kwargs):
+        argv = _program(args[0]) if args and args[0] else None
+        if not _program_allowed(argv, places.asker()):
+            refuse(f"starting {' '.join(argv or ['a program'])[:200]}")
+        return _original(*args, **kwargs)
+
+    _posixsubprocess.fork_exec = fork_exec

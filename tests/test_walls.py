@@ -1,0 +1,124 @@
+"""The learner's process's walls (course.verify.walls): what a submission's code is refused
+there, and what the course's own work still does. Each case runs in a fresh Python with
+the walls up, its code compiled as a cell's is (a file name that is no package's)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = r'''
+import json, os, sys
+sys.path.insert(0, {root!r})
+import course, torch, triton
+from course.verify import walls
+walls.install()
+results = {{}}
+
+
+def attempt(name, fn):
+    try:
+        fn()
+        results[name] = "allowed"
+    except PermissionError:
+        results[name] = "refused"
+
+
+cell = {cell!r}
+exec(compile(cell, "<ipython-input-1-0>", "exec"))
+print(json.dumps({{"results": results, "refused": walls.REFUSED}}))
+'''
+
+
+def _probe(cell: str, tmp_path: Path, deny: str = "") -> dict:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE.format(root=str(ROOT), cell=textwrap.dedent(cell)))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "COURSE_WALLS_DENY": deny,
+           "MPLBACKEND": "Agg", "COURSE_DEVICE": "cpu"}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_submission_cannot_read_the_gradings_files(tmp_path):
+    source = tmp_path / "course" / "solutions" / "ch04_fused"
+    source.mkdir(parents=True)
+    (source / "notes.txt").write_text("the answers")
+    notebook = tmp_path / "inbox.ipynb"
+    notebook.write_text("{}")
+    kernels = ROOT / "solutions" / "kernels" / "rmsnorm.py"
+    readme = ROOT / "grader" / "README.md"
+    data = ROOT / "course" / "data" / "kernel_fingerprints.json"
+    got = _probe(f"""
+        import os, pathlib
+        attempt("a notebook", lambda: pathlib.Path({str(notebook)!r}).read_text())
+        attempt("the source's folder", lambda: open({str(source / "notes.txt")!r}).read())
+        attempt("the checkout's solutions", lambda: open({str(kernels)!r}).read())
+        attempt("the checkout's grader", lambda: os.open({str(readme)!r}, os.O_RDONLY))
+        attempt("the parent's command line", lambda: open(f"/proc/{{os.getppid()}}/cmdline").read())
+        attempt("the course's data", lambda: open({str(data)!r}).read())
+        attempt("its own /proc", lambda: open("/proc/self/status").read())
+        attempt("a file of its own", lambda: open("mine.txt", "w").write("x"))
+    """, tmp_path, deny=str(source))
+    assert got["results"] == {
+        "a notebook": "refused", "the source's folder": "refused",
+        "the checkout's solutions": "refused", "the checkout's grader": "refused",
+        "the parent's command line": "refused", "the course's data": "allowed",
+        "its own /proc": "allowed", "a file of its own": "allowed"}, got
+    assert all(what.startswith("reading ") for what in got["refused"]), got["refused"]
+
+
+def test_a_submission_cannot_start_programs_or_switch_the_watches_off(tmp_path):
+    got = _probe("""
+        import gc, subprocess, sys
+        import multiprocessing
+        from IPython.utils import process as ipython_process
+        from torch.utils import collect_env
+        attempt("subprocess", lambda: subprocess.run(["cat", "/etc/hostname"]))
+        attempt("a shell through IPython", lambda: ipython_process.getoutput("true"))
+        attempt("a shell through torch", lambda: collect_env.run("true"))
+        attempt("multiprocessing", lambda: multiprocessing.get_context("spawn").Process(
+            target=print).start())
+        attempt("the profile hook off", lambda: sys.setprofile(None))
+        attempt("the trace hook off", lambda: sys.settrace(None))
+        attempt("the collector's objects", lambda: gc.get_objects())
+        attempt("ctypes", lambda: __import__("ctypes").CDLL(None))
+        attempt("code passing for torch's", lambda: compile("1", torch.__file__, "eval"))
+        attempt("the grading's environment", lambda: os.environ.__setitem__("COURSE_GRADING", "0"))
+        import _posixsubprocess
+        attempt("the stand-in's original", lambda: _posixsubprocess.fork_exec.__defaults__)
+        from course.verify import replay
+        attempt("a course function rewritten", lambda: setattr(
+            replay.repeated, "__code__", (lambda *a, **k: 0).__code__))
+        attempt("a torch function rewritten", lambda: setattr(
+            torch.allclose if hasattr(torch.allclose, "__code__") else torch.testing.assert_close,
+            "__defaults__", ()))
+        def mine(a=1):
+            return a
+        attempt("its own function rewritten", lambda: setattr(mine, "__defaults__", (2,)))
+        attempt("chapter 00's doctor", lambda: subprocess.run(
+            [sys.executable, "-m", "course", "doctor"], capture_output=True, timeout=120))
+        attempt("a module imported for the first time", lambda: __import__("torch.utils.benchmark"))
+        import matplotlib.pyplot as plt
+        attempt("a plot saved", lambda: plt.figure().savefig("plot.png"))
+    """, tmp_path)
+    allowed = {"its own function rewritten", "chapter 00's doctor",
+               "a module imported for the first time", "a plot saved"}
+    assert got["results"] == {name: "allowed" if name in allowed else "refused"
+                              for name in got["results"]}, got
+    assert len(got["results"]) == 17
+
+
+@pytest.mark.parametrize("what", ["the walls are up in course.compiled's child too"])
+def test_course_compiled_raises_the_walls_in_its_child(what):
+    source = (ROOT / "course" / "compiled.py").read_text()
+    main = source[source.index('if __name__ == "__main__":'):]
+    assert "walls.install()" in main.split("try:")[0], what
