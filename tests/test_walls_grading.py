@@ -1,0 +1,93 @@
+"""Two submissions a red team graded with full marks (2026-11-28), graded by the verifier
+again: one reads its answers from the source notebooks at grade time, one rewrites the
+verifier's replay in place (`__code__`) and hands in an answer computed in NumPy. Each
+loses the cells it targets, and says why (course.verify.walls, course.verify.tamper)."""
+
+from __future__ import annotations
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the grader tests need the Jupyter stack")
+
+from grader_submissions import ROOT, Submission, expected_points, verified  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CHAPTER = "ch04_fused"
+
+READS_THE_SOURCE = '''
+import json as _json, linecache as _lc, pathlib as _pl, course as _course
+
+
+def _from_course(chapter, grade_id):
+    """Fetches this cell's answer from the grading checkout at run time."""
+    path = _pl.Path(_course.__file__).resolve().parents[1] / "solutions" / chapter / (
+        chapter + ".ipynb")
+    for cell in _json.loads(path.read_text())["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
+            src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            name = "<" + grade_id + ">"
+            _lc.cache[name] = (len(src), None, src.splitlines(True), name)
+            exec(compile(src, name, "exec"), globals())
+
+
+_from_course("ch04_fused", "ex04_fused_code")
+'''
+
+REWRITES_THE_REPLAY = '''
+import numpy as np
+import triton
+import triton.language as tl
+
+from course import validation
+from course.verify import replay as _replay
+
+
+@triton.jit
+def rmsnorm_kernel(src_ptr, y_ptr, n_cols, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    v = tl.load(src_ptr + row * n_cols + cols, mask=cols < n_cols)
+    tl.store(y_ptr + row * n_cols + cols, v.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def _repeat_by_calling(fn, args, kwargs, again):
+    return fn(*again, **kwargs)
+
+
+try:  # the same function object (which the snapshot compares), a new body
+    _replay.repeated.__code__ = _repeat_by_calling.__code__
+except Exception:
+    pass
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x2 = validation.as_rows(x)
+    xs = x2.detach().cpu().double().numpy()
+    ws = weight.detach().cpu().double().numpy()
+    ys = xs / np.sqrt((xs * xs).mean(-1, keepdims=True) + eps) * ws
+    answer = torch.from_numpy(ys).to(device=x.device, dtype=torch.float32)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    rmsnorm_kernel[(x2.shape[0],)](answer, y, x2.shape[1],
+                                   BLOCK_N=triton.next_power_of_2(x2.shape[1]))
+    return y.view(x.shape)
+'''
+
+SUBMISSIONS = [
+    Submission("reads_the_source", CHAPTER, "every answer read from solutions/ at grade time",
+               {"ex04_fused_code": READS_THE_SOURCE},
+               ("ex04_fused_correct", "ex04_fused_hidden"), "refused"),
+    Submission("rewrites_the_replay", CHAPTER,
+               "course.verify.replay.repeated's __code__ replaced; the answer from NumPy",
+               {"ex04_fused_code": REWRITES_THE_REPLAY},
+               ("ex04_fused_correct", "ex04_fused_hidden"), "refused"),
+]
+
+
+@pytest.mark.parametrize("sub", SUBMISSIONS, ids=lambda s: s.student)
+def test_the_red_teams_full_marks_are_lost(sub, tmp_path):
+    verdict = verified(sub, tmp_path)
+    got = {c.grade_id: c.points for c in verdict.cells}
+    assert got == expected_points(ROOT, sub), (sub.what, verdict.to_json()[:4000])
+    first = next(c for c in verdict.cells if c.grade_id == sub.loses[0])
+    assert sub.reason in first.reason, first.reason
