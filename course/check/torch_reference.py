@@ -17,17 +17,23 @@ is widened to admit that; float16 statistics also fail on values whose squares o
 
 A float32 statistic rounded to 16 bits afterwards (rstd.to(x.dtype) before the multiply)
 is as wrong as one computed in 16 bits, but runs no 16-bit reduction: it is recognised by
-its values instead (the suspect `rstd_rounded`). PyTorch's own RMSNorm
-(torch.nn.functional.rms_norm, torch.rms_norm, torch.nn.RMSNorm) is the answer rather than a
-way to it, so the call is made under a torch-function mode that refuses it.
+its values instead (the suspect `rstd_rounded`). PyTorch's own RMSNorm is the answer rather
+than a way to it, so the call refuses it however it is reached: torch.nn.functional.rms_norm,
+torch.rms_norm, torch.nn.RMSNorm, the operator torch.ops.aten.rms_norm (its packet or an
+overload) and aten._fused_rms_norm, with torch-function modes switched off too
+(torch._C.DisableTorchFunction). A torch-function mode sees the first three; a profile hook
+(`course.check.profiled`) sees the Python function or the builtin run, whatever the modes.
+A call that switched that hook off is refused as well.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from types import FrameType
 
 from course import reference
-from course.check import guards
+from course.check import guards, profiled
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
@@ -123,16 +129,128 @@ class BuiltInRMSNormRefused(RuntimeError):
 
 # torch.rms_norm is the op behind F.rms_norm (and nn.RMSNorm); older versions may lack it.
 _BUILT_INS = tuple(f for f in (F.rms_norm, getattr(torch, "rms_norm", None)) if f is not None)
+# The names PyTorch's RMSNorm goes by: Python functions of torch's modules (F.rms_norm, the
+# reference implementations), builtins (torch.rms_norm, torch._fused_rms_norm) and
+# operators (torch.ops.aten.rms_norm, aten._fused_rms_norm where this torch has it).
+_NAMES = frozenset({"rms_norm", "_fused_rms_norm"})
+
+
+def _operator_builtins() -> tuple[object, ...]:
+    """The builtins behind the RMSNorm operators' packets and overloads (an overload's has
+    no name, so it is known by identity)."""
+    found = []
+    for name in sorted(_NAMES):
+        try:
+            packet = getattr(torch.ops.aten, name)
+        except (AttributeError, RuntimeError):  # not in this torch
+            continue
+        found.append(packet._op)
+        for overload in packet.overloads():
+            found.append(getattr(packet, overload)._op)
+    return tuple(found)
+
+
+_OPERATOR_BUILTINS = _operator_builtins()
+_OPERATOR_IDS = frozenset(id(b) for b in _OPERATOR_BUILTINS)  # the tuple keeps them alive
+_OPERATOR_METHODS = ("__call__", "decompose", "redispatch")
+_WATCHED_CODE = _NAMES | frozenset(_OPERATOR_METHODS)
+
+
+def _refused_message(what: str) -> str:
+    return (f"{what} is PyTorch's own RMSNorm (torch.nn.functional.rms_norm, torch.rms_norm, "
+            "nn.RMSNorm and the aten operator are all one), which computes the whole answer, "
+            "so this exercise does not accept it: write the formula with torch operations "
+            "(the mean of x * x in float32, torch.rsqrt, then multiply by x and the weight)")
+
+
+def _operator_name(op: object) -> str | None:
+    """'aten.rms_norm' for an RMSNorm operator's packet or overload, else None."""
+    qualified = getattr(op, "_qualified_op_name", None) or getattr(op, "_name", None)
+    if not isinstance(qualified, str):
+        return None
+    namespace, _, name = qualified.rpartition("::")
+    return f"{namespace or 'aten'}.{name}" if name in _NAMES else None
+
+
+def _built_in_run(frame: FrameType, event: str, arg: object) -> str | None:
+    """What of PyTorch's RMSNorm a profile event runs ('torch.nn.functional.rms_norm', ...),
+    or None. Called on every event of the call: the common case returns first."""
+    if event == "call":
+        code = frame.f_code.co_name
+        if code not in _WATCHED_CODE or not _in_torch(frame):
+            return None
+        module = frame.f_globals["__name__"]
+        if code in _NAMES:
+            return f"{module}.{code}"
+        if module == "torch._ops":
+            op = _operator_name(frame.f_locals.get("self"))
+            return f"torch.ops.{op}" if op is not None else None
+        return None
+    if event == "c_call":
+        if id(arg) in _OPERATOR_IDS:
+            return "torch.ops.aten.rms_norm"
+        name = getattr(arg, "__name__", None)
+        return f"torch.{name}" if name in _NAMES else None
+    return None
+
+
+def _in_torch(frame: FrameType) -> bool:
+    module = frame.f_globals.get("__name__")
+    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+
+
+def _site(frame: FrameType | None) -> str:
+    """' at file, line n' for the first frame outside torch and this module."""
+    while frame is not None and (_in_torch(frame) or frame.f_globals is globals()):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f" at {os.path.basename(frame.f_code.co_filename)}, line {frame.f_lineno}"
 
 
 class _RefuseBuiltInRMSNorm(TorchFunctionMode):
+    """Refuses PyTorch's RMSNorm inside the body, however it is reached (the module's text);
+    a context manager, in the checker's process and in the learner's (course.verify)."""
+
+    def __enter__(self):
+        self._found: list[tuple[str, str]] = []  # (what ran, where)
+        self._profile = profiled.watching(self._hook)
+        self._watch = self._profile.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._profile.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        try:
+            super().__exit__(exc_type, exc_value, traceback)
+        finally:
+            self._profile.__exit__(None, None, None)
+        if isinstance(exc_value, BuiltInRMSNormRefused):
+            return None
+        if self._found:  # refused, and the refusal caught: the call fails all the same
+            what, where = self._found[0]
+            raise BuiltInRMSNormRefused(f"{_refused_message(what)}; called{where}")
+        if self._watch.switched_off:
+            raise BuiltInRMSNormRefused(
+                "your function switched off the check's profile hook (sys.setprofile), which "
+                "watches for PyTorch's own RMSNorm: this exercise does not accept a call it "
+                "cannot watch. Write the formula with torch operations, and leave "
+                "sys.setprofile alone")
+        return None
+
+    def _hook(self, frame: FrameType, event: str, arg: object) -> None:
+        what = _built_in_run(frame, event, arg)
+        if what is not None:
+            origin = frame if event == "c_call" else frame.f_back
+            self._found.append((what, _site(origin)))
+            raise BuiltInRMSNormRefused(_refused_message(what))
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if any(func is f for f in _BUILT_INS):
-            raise BuiltInRMSNormRefused(
-                "torch.nn.functional.rms_norm (or torch.rms_norm, nn.RMSNorm) computes the "
-                "whole answer, so this exercise does not accept it: write the formula with "
-                "torch operations (the mean of x * x in float32, torch.rsqrt, then multiply "
-                "by x and the weight)")
+            raise BuiltInRMSNormRefused(_refused_message(
+                "torch.nn.functional.rms_norm" if func is F.rms_norm else "torch.rms_norm"))
         return func(*args, **(kwargs or {}))
 
 
