@@ -14,7 +14,9 @@ A wrong list is compared with the mistakes learners make (float32 temporaries co
 x's width, the weight's read left out or counted once per row, a per-row statistic counted
 as M*N elements, the output of `w * h` at the wrong width, and any combination of them; a
 launch missing or one too many) and the message names the one that fits every case. As in
-chapter 02, a function that calls into `course.traffic` fails whatever it returns.
+chapter 02, a function that calls into `course.traffic` fails whatever it returns, and so does
+one that switches off the profile hook watching for it (`roofline._traffic_calls`, the guard
+TRAFFIC_CALLS in the learner's process).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from course import traffic
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
-from course.check.roofline import _traffic_calls
+from course.check.roofline import _traffic_calls, calls_said, refused_calls
 from course.check.runner import CaseResult, Finding, fresh_seed
 
 import torch
@@ -194,9 +196,9 @@ def eager_launch_bytes(fn: Callable[[int, int, int], list[tuple[str, int]]], *,
         except Exception as exc:  # the learner's code: reported, not raised
             problem = f"raised {type(exc).__name__}: {exc}"
         else:
-            used += called
-            problem = (f"called course.traffic ({', '.join(dict.fromkeys(called))})" if called
-                       else _problem(got))
+            refused = refused_calls(called)
+            used += refused
+            problem = calls_said(refused, past=True) if refused else _problem(got)
             if problem is None:
                 got = [(name, int(b)) for name, b in got]
                 nbytes = [b for _, b in got]
@@ -208,10 +210,9 @@ def eager_launch_bytes(fn: Callable[[int, int, int], list[tuple[str, int]]], *,
     advice = []
     failing = [r for r in results if not r.passed]
     if used:
-        advice.append(f"eager_launch_bytes calls course.traffic "
-                      f"({', '.join(dict.fromkeys(used))}), the model this check compares "
-                      "against. Count the bytes yourself, launch by launch, from the code of "
-                      "course.baselines.eager_rmsnorm")
+        advice.append(f"eager_launch_bytes {calls_said(list(dict.fromkeys(used)))}, the model "
+                      "this check compares against. Count the bytes yourself, launch by "
+                      "launch, from the code of course.baselines.eager_rmsnorm")
     elif failing:
         slips = None
         if all(a is not None for a in answers):

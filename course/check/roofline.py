@@ -21,7 +21,9 @@ the message names the one that fits every case.
 
 The exercise asks for plain arithmetic, so a function that calls into `course.traffic`
 (the model the check compares against) fails whatever it returns: every call is made under
-a profile hook that notes any function of that module running inside it.
+a profile hook that notes any function of that module running inside it (`_traffic_calls`,
+in the learner's process too: guards.TRAFFIC_CALLS), and a call that switched that hook off
+fails as well.
 """
 
 from __future__ import annotations
@@ -29,13 +31,12 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 
 from course import hardware, traffic
-from course.check import guards
+from course.check import guards, profiled
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
@@ -172,27 +173,71 @@ def _cases(seed: int, extra: Sequence[ExtraCase] = ()) -> list[tuple[int, int, t
     return cases
 
 
+# In the list `_traffic_calls` gives: course.timing's functions are named with this prefix
+# (course.traffic's bare), and SWITCHED_OFF says the body switched the profile hook off.
+TIMING = "course.timing."
+SWITCHED_OFF = "sys.setprofile"
+_MODELS = (traffic.__name__, "course.timing")
+# What a timer uses of course.timing (chapter 03): a workload, its events, synchronize and
+# the host's clock. Any other of its functions (simulated_times, SimParams.kernel_s, ...)
+# gives the simulated GPU's true time rather than measuring it.
+TIMER_USES = frozenset({"workload", "simulated", "cuda_workload", "parse_sim_spec", "Event",
+                        "record", "elapsed_time", "synchronize", "clock", "__init__",
+                        "__call__", "__repr__"})
+
+
+def _model_of(frame) -> str | None:
+    name = frame.f_globals.get("__name__") if frame is not None else None
+    return name if name in _MODELS else None
+
+
 @contextlib.contextmanager
 def _traffic_calls() -> Iterator[list[str]]:
-    """The course.traffic functions that the body calls (not those they call in turn)."""
+    """What the body asks of the course's models, the answers the checks compare against:
+    the course.traffic functions it calls (not those they call in turn), by name; the
+    functions of course.timing beyond what a timer uses, as TIMING + name; and
+    SWITCHED_OFF when, at the end, the profile hook that sees them was no longer installed
+    (sys.setprofile(None), or another profile function put in its place)."""
     called: list[str] = []
-    previous = sys.getprofile()
 
-    def in_traffic(frame) -> bool:
-        return frame is not None and frame.f_globals.get("__name__") == traffic.__name__
+    def hook(frame, event, arg):
+        if event != "call":
+            return
+        model = _model_of(frame)
+        if model is None or _model_of(frame.f_back) == model:
+            return
+        name = frame.f_code.co_name
+        if model == traffic.__name__:
+            called.append(name)
+        elif name not in TIMER_USES:
+            called.append(TIMING + name)
 
-    def profile(frame, event, arg):
-        if event == "call" and in_traffic(frame) and not in_traffic(frame.f_back):
-            called.append(frame.f_code.co_name)
-        if previous is not None:
-            previous(frame, event, arg)
-
-    sys.setprofile(profile)
+    watch = None
     try:
-        with guards.guarded(guards.TRAFFIC_CALLS, called):
+        with profiled.watching(hook) as watch, guards.guarded(guards.TRAFFIC_CALLS, called):
             yield called
     finally:
-        sys.setprofile(previous)
+        if watch is not None and watch.switched_off:  # set as the watch ends
+            called.append(SWITCHED_OFF)
+
+
+def refused_calls(called: Sequence[str]) -> tuple[str, ...]:
+    """What a check of plain arithmetic refuses in `_traffic_calls`'s list: the functions of
+    course.traffic, and SWITCHED_OFF; each once, in order."""
+    return tuple(dict.fromkeys(c for c in called if not c.startswith(TIMING)))
+
+
+def calls_said(used: Sequence[str], *, past: bool = False) -> str:
+    """`refused_calls` in words: 'calls course.traffic (a, b)', 'switches off the check's
+    profile hook ...', or both ('called', 'switched' with past=True)."""
+    names = [u for u in used if u != SWITCHED_OFF]
+    parts = []
+    if names:
+        parts.append(f"{'called' if past else 'calls'} course.traffic ({', '.join(names)})")
+    if SWITCHED_OFF in used:
+        parts.append(f"{'switched' if past else 'switches'} off the check's profile hook "
+                     "(sys.setprofile), which watches for calls into course.traffic")
+    return " and ".join(parts)
 
 
 def _calls(m: int, n: int, dtype: torch.dtype, bandwidth: float) -> dict[str, _Call]:
@@ -219,9 +264,9 @@ def _call_learner(fn: Callable, args: tuple, call: _Call | _RegimeCall) -> str |
         call.error = f"{type(exc).__name__}: {exc}"
         return f"raised {call.error}"
     call.got = got
-    call.traffic_used = tuple(dict.fromkeys(called))
+    call.traffic_used = refused_calls(called)
     if call.traffic_used:
-        return f"called course.traffic ({', '.join(call.traffic_used)})"
+        return calls_said(call.traffic_used, past=True)
     return None
 
 
@@ -243,9 +288,8 @@ def _run(fn: Callable, call: _Call, function: _Function) -> str | None:
 def _diagnose(function: _Function, calls: list[_Call]) -> str:
     used = list(dict.fromkeys(name for c in calls for name in c.traffic_used))
     if used:
-        return (f"it calls course.traffic ({', '.join(used)}), the model this check compares "
-                "against. Write the arithmetic yourself, in plain Python, from the counts in "
-                "the text")
+        return (f"it {calls_said(used)}, the model this check compares against. Write the "
+                "arithmetic yourself, in plain Python, from the counts in the text")
     answered = [c for c in calls if c.error is None and isinstance(c.got, Real)
                 and not isinstance(c.got, bool) and math.isfinite(float(c.got))]
     if not answered:
@@ -480,8 +524,8 @@ def _run_regime(fn: Callable, call: _RegimeCall) -> str | None:
 def _diagnose_regime(calls: list[_RegimeCall], own_ridges: dict[_Roof, float]) -> str:
     used = list(dict.fromkeys(name for c in calls for name in c.traffic_used))
     if used:
-        return (f"it calls course.traffic ({', '.join(used)}), the model this check compares "
-                "against. Write the comparison yourself, in plain Python")
+        return (f"it {calls_said(used)}, the model this check compares against. Write the "
+                "comparison yourself, in plain Python")
     answered = [c for c in calls if c.error is None]
     if not answered:
         return f"it raised {calls[0].error}"
