@@ -15,7 +15,9 @@ rows, blocks that do not divide M), so the loop and its bounds are what it tests
 the backward's bytes (the ideal plus the float32 workspace, 8 * P * N) over the share of
 the bandwidth P programs can draw (each SM needs a program, and about 8192 elements of a
 row in flight). A P within SPLIT_TOLERANCE of the best P's time passes, at shapes the
-learner did not pick.
+learner did not pick. As in chapter 02, a rule that calls into `course.traffic` (its
+`best_split` is the answer) fails whatever it returns (`roofline._traffic_calls`, the guard
+TRAFFIC_CALLS in the learner's process); reading its constants is fine.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from course.check.cases import Case
 from course.check.inputs import guarded
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
+from course.check.roofline import _traffic_calls, calls_said, refused_calls
 from course.check.runner import Exercise, Inputs, Suspect, Tensors, explain_error
 from course.check.suite import check_and_raise
 
@@ -386,12 +389,22 @@ def split_rule(fn: Callable[[int, int, int], int], *,
     verdicts = []
     for m, n, sms in todo:
         try:
-            with sandbox.watch() as record:
+            with _traffic_calls() as called, sandbox.watch() as record:
                 got = fn(m, n, sms)
         except Exception as exc:  # the learner's code: a line of the report
             verdicts.append(SplitVerdict(m, n, sms, "error", traffic.best_split(m, n, sms),
                                          None, f"split_programs({m}, {n}, {sms}) raised "
                                          f"{explain_error(exc)[0]}"))
+            continue
+        refused = refused_calls(called)
+        if refused:
+            verdicts.append(SplitVerdict(
+                m, n, sms, got, traffic.best_split(m, n, sms), None,
+                f"split_programs {calls_said(refused)}, the model this check compares "
+                "against: the rule must work P out itself, in plain Python on M, N and sms, "
+                "from what the chapter says about the split (one program per SM at least, "
+                "about traffic.ELEMENTS_IN_FLIGHT_PER_SM elements of a row in flight per SM, "
+                "at most M)"))
             continue
         if record.launches:
             verdicts.append(SplitVerdict(m, n, sms, got, traffic.best_split(m, n, sms), None,
