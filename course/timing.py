@@ -22,7 +22,13 @@ parameters drawn from the seed in the spec:
 
 `simulated_times(spec, reps)` gives, for a spec, the true time of a call (inputs and outputs
 from HBM, no compilation, no launch) and what each way of timing it wrongly would report:
-the chapter's checker compares a learner's timer with them.
+the chapter's checker compares a learner's timer with them. A timer is handed only what it
+needs (`SimDevice`, `SimWorkload`: no `gpu.params`), and while the checker times it, a call
+from the timer into this module beyond a workload, its events, synchronize and clock (the
+true time through `simulated_times`, `SimParams.kernel_s`, ...) fails the check
+(`course.check.timer`). What stays within reach of code in the same process: the private
+attributes behind those objects, read field by field, or the seed's draw of the parameters
+written out again; the check cannot tell a time so computed from one measured.
 
 `recorded(gpu)` reads the timer figures `scripts/record_timers.py` recorded on a GPU;
 `three_timers(rows)` picks from them the three chapter 08 compares (the GPU's time,
@@ -93,7 +99,7 @@ class SimTensor:
     """A buffer of the simulated GPU: an address and a size, no values."""
 
     def __init__(self, gpu: SimulatedGPU, address: int, nbytes: int):
-        self.gpu, self.address, self.nbytes = gpu, address, nbytes
+        self._gpu, self.address, self.nbytes = gpu, address, nbytes
 
     def __repr__(self) -> str:
         return f"<simulated tensor of {self.nbytes / MB:.1f} MB at {self.address:#x}>"
@@ -103,11 +109,11 @@ class SimEvent:
     """A simulated `torch.cuda.Event`: it completes when the GPU reaches it in its queue."""
 
     def __init__(self, gpu: SimulatedGPU, enable_timing: bool = False):
-        self.gpu, self.enable_timing = gpu, enable_timing
+        self._gpu, self.enable_timing = gpu, enable_timing
         self.at: float | None = None
 
     def record(self) -> None:
-        self.at = max(self.gpu.host_s, self.gpu.busy_until_s)
+        self.at = max(self._gpu.host_s, self._gpu.busy_until_s)
 
     def elapsed_time(self, end: SimEvent) -> float:
         """Milliseconds from this event to `end`, as torch.cuda.Event.elapsed_time."""
@@ -116,7 +122,7 @@ class SimEvent:
                                "enable_timing=True")
         if self.at is None or end.at is None:
             raise RuntimeError("elapsed_time: record() both events first")
-        if end.at > self.gpu.host_s:
+        if end.at > self._gpu.host_s:
             raise RuntimeError("elapsed_time: the GPU has not reached the end event yet "
                                "(on a real GPU: 'device not ready'); call gpu.synchronize() "
                                "before reading the times")
@@ -167,7 +173,7 @@ class SimulatedGPU:
 
     # the workload
     def run(self, x: SimTensor) -> SimTensor:
-        if not isinstance(x, SimTensor) or x.gpu is not self:
+        if not isinstance(x, SimTensor) or x._gpu is not self:
             raise TypeError(f"the simulated workload takes one of its own inputs, got {x!r}")
         if not self.compiled:  # the first call compiles, on the host
             self.host_s += self.params.compile_s
@@ -189,11 +195,51 @@ def parse_sim_spec(spec: str) -> int:
     return int(seed)
 
 
-def simulated(spec: str) -> tuple[SimulatedGPU, Callable[[SimTensor], SimTensor],
-                                  list[tuple[SimTensor]]]:
+class SimDevice:
+    """What a timer is handed for a simulated GPU: `Event`, `synchronize` and `clock`, as
+    for a real one, and nothing of the simulation's parameters (a timer measures the time a
+    call takes; the parameters would give it away). Chapter 03's check, as it times, also
+    refuses any call of this module's functions beyond what a timer uses
+    (`course.check.roofline.TIMER_USES`)."""
+
+    __slots__ = ("_gpu",)
+
+    def __init__(self, gpu: SimulatedGPU):
+        self._gpu = gpu
+
+    def Event(self, enable_timing: bool = False) -> SimEvent:  # noqa: N802  (torch's name)
+        return SimEvent(self._gpu, enable_timing)
+
+    def synchronize(self) -> None:
+        self._gpu.synchronize()
+
+    def clock(self) -> float:
+        return self._gpu.clock()
+
+    def __repr__(self) -> str:
+        return "<simulated GPU>"
+
+
+class SimWorkload:
+    """The simulated GPU's one workload: `fn(x)` queues its kernel on one of `inputs`' copies
+    and returns the new output."""
+
+    __slots__ = ("_gpu",)
+
+    def __init__(self, gpu: SimulatedGPU):
+        self._gpu = gpu
+
+    def __call__(self, x: SimTensor) -> SimTensor:
+        return self._gpu.run(x)
+
+    def __repr__(self) -> str:
+        return "<the simulated GPU's workload>"
+
+
+def simulated(spec: str) -> tuple[SimDevice, SimWorkload, list[tuple[SimTensor]]]:
     gpu = SimulatedGPU(SimParams.from_seed(parse_sim_spec(spec)))
     inputs = [(gpu.allocate(gpu.params.read_bytes),) for _ in range(SIM_COPIES)]
-    return gpu, gpu.run, inputs
+    return SimDevice(gpu), SimWorkload(gpu), inputs
 
 
 @dataclass(frozen=True)

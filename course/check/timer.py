@@ -12,6 +12,13 @@ timer it can predict: a timer that reads the host's clock without synchronising 
 the launch, one without a warm-up counts the compilation, one that reuses an input or lets
 its outputs be freed finds them in L2. A wrong time is compared with each of those and
 the message names the one that matches it on every simulated GPU.
+
+A timer measures: one that asks course.timing for the simulated GPU's true time
+(`simulated_times`, `SimParams.kernel_s`, ...) fails whatever it returns. The timer is
+handed no parameters (`timing.SimDevice`), and while the check calls it, a profile hook
+notes any function of course.timing it calls beyond a workload, its events, synchronize and
+clock (`roofline._traffic_calls`, in the learner's process too: guards.TRAFFIC_CALLS), and
+whether the hook was switched off.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from course import timing
 from course.check.eager_bytes import finish
 from course.check.learner_facing import learner_facing
 from course.check.report import Report
+from course.check.roofline import SWITCHED_OFF, TIMING, _traffic_calls
 from course.check.runner import CaseResult, Finding, fresh_seed
 
 import torch
@@ -97,6 +105,25 @@ def _is_honest(got: float, times: timing.SimTimes) -> bool:
     return true * (1 - BELOW) <= got <= true + 1.05 * times.params.launch_s
 
 
+def _looked_up(called: list[str]) -> list[str]:
+    """What of course.timing beyond a timer's needs the call ran (by name), and SWITCHED_OFF
+    if it switched the profile hook off: from `_traffic_calls`'s list, each once."""
+    return list(dict.fromkeys(c[len(TIMING):] if c.startswith(TIMING) else c for c in called
+                              if c.startswith(TIMING) or c == SWITCHED_OFF))
+
+
+def _looked_up_said(looked_up: list[str]) -> str:
+    names = [n for n in looked_up if n != SWITCHED_OFF]
+    parts = []
+    if names:
+        parts.append(f"asks course.timing for the simulated GPU's true time "
+                     f"({', '.join(names)})")
+    if SWITCHED_OFF in looked_up:
+        parts.append("switches off the check's profile hook (sys.setprofile), which watches "
+                     "for calls into course.timing")
+    return " and ".join(parts)
+
+
 def _specs(seed: int) -> list[str]:
     gen = torch.Generator().manual_seed(seed)
     return [f"sim:{int(s)}" for s in torch.randint(0, 2**31 - 1, (SIMULATIONS,), generator=gen)]
@@ -112,16 +139,22 @@ def honest_timer(time_workload: Callable[[str, int], float], *, seed: int | None
         raise TypeError(f"pass the function time_workload itself, not "
                         f"{type(time_workload).__name__}")
     seed = fresh_seed() if seed is None else int(seed)
-    results, matches = [], []
+    results, matches, refused = [], [], []
     for spec in _specs(seed):
         times = timing.simulated_times(spec, REPS)
         problem = None
         try:
-            got = time_workload(spec, REPS)
+            with _traffic_calls() as called:
+                got = time_workload(spec, REPS)
         except Exception as exc:  # the learner's code: reported, not raised
             problem = f"raised {type(exc).__name__}: {exc}"
         else:
-            if isinstance(got, bool) or not isinstance(got, Real) or \
+            looked_up = _looked_up(called)
+            if looked_up:
+                refused.extend(looked_up)
+                problem = (f"{_looked_up_said(looked_up)}, where a timer measures: its time "
+                           "is refused, whatever it is")
+            elif isinstance(got, bool) or not isinstance(got, Real) or \
                     not math.isfinite(float(got)) or got <= 0:
                 problem = f"returned {got!r}: the time a call takes is a positive number"
             elif not _is_honest(float(got), times):
@@ -135,7 +168,14 @@ def honest_timer(time_workload: Callable[[str, int], float], *, seed: int | None
         results.append(CaseResult(_Simulation(spec), findings=findings))
     advice = []
     failing = [r for r in results if not r.passed]
-    if failing:
+    if refused:
+        advice.append(f"time_per_call {_looked_up_said(list(dict.fromkeys(refused)))}: "
+                      "it must measure. Use only what `gpu` offers (gpu.Event(enable_timing="
+                      "True) recorded around each call of fn, gpu.synchronize(), then "
+                      "elapsed_time), fn and inputs; while the check times, any other use "
+                      "of course.timing, and switching off the profile hook that watches "
+                      "for it, fails.")
+    elif failing:
         first = failing[0].findings[0].message
         mistake = _diagnose(matches) if len(matches) == len(failing) else None
         if mistake is not None:
