@@ -6,8 +6,9 @@ An audit hook (PEP 578: nothing in Python removes one once it is added) refuses:
   every student's submissions), the checkout's folders besides the course package
   (solutions/, grader/, tests/, ...), the folder of the source notebook being graded, and
   another process's /proc entries;
-- starting a program, unless the course, torch or triton asks for one of the tools they
-  use (ptxas, a C compiler, Python), or it is one a notebook's own cell runs;
+- starting a program, unless the course, torch or triton asks for Python, the core or a
+  library for a compiler's tool (ptxas, a C compiler, ldconfig), anyone for `file` or the
+  font lister, or it is a command a notebook's own cell runs;
 - from a submission's code: switching the profile or trace hooks off (the checks' watches
   use them), rewriting the code or defaults of a function of the course, torch, triton or
   the standard library, calling native code through ctypes, walking the garbage
@@ -45,10 +46,12 @@ COMMAND_RUNNERS = ("IPython", "ipykernel", "pip", "setuptools", "_distutils_hack
                    "pexpect", "ptyprocess", "jupyter_client", "jupyter_core", "nbclient",
                    "nbconvert", "nbgrader")
 # Programs the core packages start: Triton's assembler and C compiler, torch's compilers and
-# workers, ldconfig (Triton finds libcuda with it); and matplotlib's font lister, any caller.
-TOOLS = ("ptxas", "gcc", "g++", "cc", "c++", "clang", "ld", "ldconfig", "nvcc", "cuobjdump",
-         "nvdisasm", "nvidia-smi", "x86_64-linux-gnu-gcc", "aarch64-linux-gnu-gcc")
-ANYONES_TOOLS = ("fc-list", "fc-match")
+# workers, ldconfig and objdump (ctypes.util finds libraries with them), asked for by the core
+# or a library; and, whoever asks, matplotlib's font lister and `file`, which
+# platform.architecture() runs (seen on an H200: torch's profiler asked, in chapter 03).
+TOOLS = ("ptxas", "gcc", "g++", "cc", "c++", "clang", "ld", "ldconfig", "objdump", "nvcc",
+         "cuobjdump", "nvdisasm", "nvidia-smi", "x86_64-linux-gnu-gcc", "aarch64-linux-gnu-gcc")
+ANYONES_TOOLS = ("fc-list", "fc-match", "file")
 # Programs a notebook's own cells start while graded: chapter 00's `python -m course doctor`.
 ALLOWED_COMMANDS = (("-m", "course", "doctor"),)
 # Refused unless a library or the core asks.
@@ -172,7 +175,7 @@ def _program_allowed(argv: list[str] | None, asker: int) -> bool:
     name = os.path.basename(argv[0])
     if name.startswith(ANYONES_TOOLS):
         return True
-    return asker == TRUSTED and (python or name.startswith(TOOLS))
+    return asker == TRUSTED and python or asker != NONE and name.startswith(TOOLS)
 
 
 def _guarded_function(target: object) -> bool:
