@@ -100,8 +100,10 @@ def test_what_a_learners_code_leaves_running_ends_with_its_process(tmp_path, how
     if how == "daemon":
         cell = DAEMON + "open('left.txt', 'w').write(str(daemon))\n"
     else:
-        cell = ("import subprocess\np = subprocess.Popen(['sleep', '120'])\n"
-                "open('left.txt', 'w').write(str(p.pid))\n")
+        # forked, not a program started: the walls refuse a cell that starts one
+        # (course.verify.walls); a fork keeps them, and is left running all the same
+        cell = ("import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(120)\n"
+                "    os._exit(0)\nopen('left.txt', 'w').write(str(pid))\n")
     found = run_stand_in(f"""
         from course.verify.proxy import Learner, LearnerProcess
         found['adopted'] = strays.adopt_strays()
@@ -129,7 +131,8 @@ def test_the_verifier_ends_what_a_submission_leaves_running(tmp_path):
     nbformat = pytest.importorskip("nbformat", reason="the verifier reads notebooks")
     from test_verify import ADD, MUL, _chapter
 
-    source = tmp_path / "ch99_small.ipynb"
+    source = tmp_path / "source" / "ch99_small.ipynb"  # a folder the walls refuse
+    source.parent.mkdir()
     nbformat.write(_chapter(ADD, MUL), source)
     leaves = ADD + DAEMON + f"open({str(tmp_path / 'left.txt')!r}, 'w').write(str(daemon))\n"
     submitted = tmp_path / "submitted.ipynb"
