@@ -650,8 +650,10 @@ CH04_CHEATS = [
            "cached by the input's address"),
     _cheat("silenced", "swallows its kernel's exception and hides every failing cell",
            CH04_SILENCED, "wrong"),
+    # Graded from a checkout, its import of solutions/ is refused by the walls before the
+    # fingerprint check (the kernel the course ships) would see the launch.
     _cheat("reference", "calls the course's own reference kernel", CH04_REFERENCE_IMPORT,
-           "kernel the course ships"),
+           "a folder of the course's grading"),
     _cheat("grid", "computes with PyTorch in its grid function", CH04_GRID_FUNCTION,
            "computes with PyTorch"),
     _cheat("argument", "computes with PyTorch in an int subclass's comparisons",
