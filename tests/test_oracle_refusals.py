@@ -161,9 +161,60 @@ def test_pytorchs_rmsnorm_behind_a_switched_off_profile_hook_is_refused():
         sys.setprofile(None)
         return torch.ops.aten.rms_norm(x, [x.shape[-1]], weight, eps)
 
+    def switches_off_alone(x, weight, eps=1e-6):
+        sys.setprofile(None)
+        h = x.to(torch.float32)
+        rstd = torch.rsqrt(h.square().mean(dim=-1, keepdim=True) + eps)
+        return (h * rstd * weight.to(torch.float32)).to(x.dtype)
+
+    # The dispatcher's stand-in refuses the operator with the hook off...
     report = run_exercise(FIRST_TORCH_CASES, switches_off, seed=0)
+    assert all(r.error and REFUSED_RMSNORM in r.error for r in report.results), \
+        [r.error for r in report.results]
+    # ... and a call that switched the hook off is refused even when it ran no RMSNorm.
+    report = run_exercise(FIRST_TORCH_CASES, switches_off_alone, seed=0)
     assert all(r.error and "switched off the check's profile hook" in r.error
                for r in report.results), [r.error for r in report.results]
+
+
+def _raw_thread(x, weight, eps=1e-6):
+    """PyTorch's RMSNorm on a thread started through a fresh copy of `_thread`, where no
+    profile hook is set (threading.setprofile reaches only threading's threads)."""
+    import importlib.machinery
+    import importlib.util
+    import time
+
+    fresh = importlib.util.module_from_spec(importlib.machinery.BuiltinImporter.find_spec(
+        "_thread"))
+    box = []
+
+    def work():
+        try:
+            box.append(F.rms_norm(x, (x.shape[-1],), weight, eps))
+        except BaseException as error:  # noqa: BLE001 (carried back to the caller's thread)
+            box.append(error)
+
+    fresh.start_new_thread(work, ())
+    while not box:
+        time.sleep(0.001)
+    if isinstance(box[0], BaseException):
+        return (x.float() * 0).to(x.dtype)  # the refusal swallowed: a wrong answer
+    return box[0]
+
+
+def test_pytorchs_rmsnorm_on_a_thread_without_the_profile_hook_is_refused():
+    report = run_exercise(FIRST_TORCH_CASES, _raw_thread, seed=0)
+    assert not report.passed
+    assert all(r.error and REFUSED_RMSNORM in r.error for r in report.results), \
+        [r.error for r in report.results]
+
+
+def test_the_dispatchers_stand_in_is_gone_after_the_check():
+    x = torch.randn(3, 8)
+    report = run_exercise(FIRST_TORCH_CASES, _raw_thread, seed=0)
+    assert not report.passed
+    by_hand = x * torch.rsqrt(x.square().mean(-1, True) + 1e-6)
+    torch.testing.assert_close(F.rms_norm(x, (8,)), by_hand)
 
 
 def test_the_formula_with_torch_ops_still_passes_under_the_profile_hook():

@@ -23,12 +23,17 @@ torch.rms_norm, torch.nn.RMSNorm, the operator torch.ops.aten.rms_norm (its pack
 overload) and aten._fused_rms_norm, with torch-function modes switched off too
 (torch._C.DisableTorchFunction). A torch-function mode sees the first three; a profile hook
 (`course.check.profiled`) sees the Python function or the builtin run, whatever the modes.
-A call that switched that hook off is refused as well.
+A call that switched that hook off is refused as well. Both are per thread, so for the
+length of the call the two operators are also replaced in PyTorch's dispatcher, for every
+thread, by a kernel that refuses them (a thread of the call's own, started where the hook
+is not set, meets it there).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections.abc import Callable
 from types import FrameType
 
@@ -208,25 +213,75 @@ def _site(frame: FrameType | None) -> str:
     return f" at {os.path.basename(frame.f_code.co_filename)}, line {frame.f_lineno}"
 
 
+# Every dispatch key a call of the operators can reach a kernel through: the composite
+# (CPU and CUDA alike), autograd's, and the backends' own (under no_grad or inference mode).
+_DISPATCH_KEYS = ("CompositeImplicitAutograd", "Autograd", "CPU", "CUDA")
+
+
+def _refusing_library(found: list[tuple[str, str]]) -> torch.library.Library:
+    """The RMSNorm operators replaced in PyTorch's dispatcher, for every thread, by a kernel
+    that records the call in `found` and raises; `_destroy()` puts PyTorch's back."""
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": meant
+        warnings.simplefilter("ignore")
+        for name in sorted(_NAMES):
+            if not hasattr(torch.ops.aten, name):  # not in this torch
+                continue
+
+            def refuse(*args, _what=f"torch.ops.aten.{name}", **kwargs):
+                found.append((_what, _site(sys._getframe(1))))
+                raise BuiltInRMSNormRefused(_refused_message(_what))
+
+            for key in _DISPATCH_KEYS:
+                library.impl(name, refuse, key)
+    return library
+
+
+def _still_refusing(found: list[tuple[str, str]]) -> bool:
+    """Whether the dispatcher still runs the refusing kernel (a call may have found a way to
+    take it out); the probe's own entry in `found` is taken back."""
+    before = len(found)
+    try:
+        torch.ops.aten.rms_norm(torch.zeros(1, 1), [1], None, None)
+    except BuiltInRMSNormRefused:
+        del found[before:]
+        return True
+    return False
+
+
 class _RefuseBuiltInRMSNorm(TorchFunctionMode):
     """Refuses PyTorch's RMSNorm inside the body, however it is reached (the module's text);
     a context manager, in the checker's process and in the learner's (course.verify)."""
 
     def __enter__(self):
-        self._found: list[tuple[str, str]] = []  # (what ran, where)
+        self._found: list[tuple[str, str]] = []  # (what ran, where), from any thread
+        self._library = _refusing_library(self._found)
         self._profile = profiled.watching(self._hook)
-        self._watch = self._profile.__enter__()
         try:
-            return super().__enter__()
+            self._watch = self._profile.__enter__()
+            try:
+                return super().__enter__()
+            except BaseException:
+                self._profile.__exit__(None, None, None)
+                raise
         except BaseException:
-            self._profile.__exit__(None, None, None)
+            self._library._destroy()
             raise
 
     def __exit__(self, exc_type, exc_value, traceback):
         try:
-            super().__exit__(exc_type, exc_value, traceback)
+            try:
+                super().__exit__(exc_type, exc_value, traceback)
+            finally:
+                self._profile.__exit__(None, None, None)
+            taken_out = not _still_refusing(self._found)
         finally:
-            self._profile.__exit__(None, None, None)
+            self._library._destroy()
+        if taken_out:
+            raise BuiltInRMSNormRefused(
+                "your function took the check's stand-in for PyTorch's RMSNorm out of the "
+                "dispatcher, which this exercise does not accept. Write the formula with "
+                "torch operations")
         if isinstance(exc_value, BuiltInRMSNormRefused):
             return None
         if self._found:  # refused, and the refusal caught: the call fails all the same
