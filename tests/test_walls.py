@@ -129,6 +129,40 @@ def test_a_submission_cannot_start_programs_or_switch_the_watches_off(tmp_path):
     assert len(got["results"]) == 20
 
 
+def test_a_submission_cannot_plant_code_where_trusted_code_is_loaded_from(tmp_path):
+    """Code written into the course's package (or its bytecode cache) would run as the
+    course's own; importing a module of the course the first time, with no bytecode cached,
+    compiles the module's own text, which is allowed (seen on an H200, Python 3.12)."""
+    got = _probe("""
+        import marshal, os, pathlib, shutil
+        package = os.path.dirname(course.__file__)
+        attempt("a module written into the course", lambda: open(
+            os.path.join(package, "planted.py"), "w").write("OK = 1"))
+        attempt("a bytecode cache written into the course", lambda: os.open(
+            os.path.join(package, "__pycache__", "planted.pyc"), os.O_WRONLY | os.O_CREAT))
+        open("mine.py", "w").write("OK = 1")
+        attempt("a file moved into the course", lambda: os.rename(
+            "mine.py", os.path.join(package, "planted.py")))
+        attempt("a file of the course removed", lambda: os.remove(
+            os.path.join(package, "check", "__init__.py")))
+        attempt("Triton's cache written", lambda: pathlib.Path.home().joinpath(
+            ".triton", "cache", "x").mkdir(parents=True))
+        source = os.path.join(package, "traffic.py")
+        attempt("a course module's own text compiled", lambda: compile(
+            open(source, "rb").read(), source, "exec"))
+        attempt("other text compiled as a course module", lambda: compile(
+            "OK = 1", source, "exec"))
+        attempt("marshalled code loaded", lambda: marshal.loads(marshal.dumps(
+            compile("OK = 1", "mine.py", "exec"))))
+        attempt("a file of its own", lambda: open("another.txt", "w").write("x"))
+    """, tmp_path)
+    allowed = {"a course module's own text compiled", "a file of its own"}
+    assert got["results"] == {name: "allowed" if name in allowed else "refused"
+                              for name in got["results"]}, got
+    assert len(got["results"]) == 9
+    assert not any(ROOT.joinpath("course").glob("planted*")), "a refused write left a file"
+
+
 @pytest.mark.parametrize("what", ["the walls are up in course.compiled's child too"])
 def test_course_compiled_raises_the_walls_in_its_child(what):
     source = (ROOT / "course" / "compiled.py").read_text()

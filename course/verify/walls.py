@@ -6,6 +6,10 @@ An audit hook (PEP 578: nothing in Python removes one once it is added) refuses:
   every student's submissions), the checkout's folders besides the course package
   (solutions/, grader/, tests/, ...), the folder of the source notebook being graded, and
   another process's /proc entries;
+- unless the course, torch or triton asks: writing, moving, linking or removing files where
+  code that is trusted lives or is loaded from (the checkout, the installed packages,
+  Python's own library, Triton's and torch.compile's caches): code found there would run as
+  theirs (Python writes no bytecode caches in this process);
 - starting a program, unless the course, torch or triton asks for Python, the core or a
   library for a compiler's tool (ptxas, a C compiler, ldconfig), anyone for `file` or the
   font lister, or it is a command a notebook's own cell runs;
@@ -13,7 +17,9 @@ An audit hook (PEP 578: nothing in Python removes one once it is added) refuses:
   use them), rewriting the code or defaults of a function of the course, torch, triton or
   the standard library, calling native code through ctypes, walking the garbage
   collector's objects (where this hook's data could be found), compiling code under a file
-  name of the course, torch or triton (to pass for theirs), changing the environment the
+  name of the course, torch or triton (to pass for theirs: importing one of their modules
+  compiles its file's own text, which is allowed), loading marshalled code other than a
+  trusted package's bytecode cache, changing the environment the
   checks run under, and (Python 3.12 and later, which report it) starting a thread: the
   checks' profile hooks and torch's modes are per thread.
 
@@ -31,9 +37,11 @@ wall; `grader/README.md` says what is left open.
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 REFUSED: list[str] = []  # what was refused, in order (the learner's process reports it)
@@ -65,13 +73,18 @@ LIBRARY_EVENTS = frozenset({
 })
 # Refused unless the core asks (the checks' own watches set these hooks).
 CORE_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
-# Refused unless a library or the core asks, or Python's import machinery (importing a
-# module reads its cached code with marshal).
-UNLESS_IMPORTING = frozenset({"marshal.loads", "marshal.load"})
+# Refused unless a library or the core asks, or Python's import machinery loads a trusted
+# package's bytecode cache (`_trusted_bytecode`).
+MARSHAL_EVENTS = frozenset({"marshal.loads", "marshal.load"})
 PROGRAM_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
                             "os.spawn", "os.startfile", "pty.spawn"})
 ARGV_AT = {"subprocess.Popen": 1, "os.exec": 1, "os.posix_spawn": 1, "os.spawn": 2}
 REWRITES = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+# Events that change a file or folder: the positions of their paths in the event's args.
+FILE_CHANGES = {"os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,), "os.mkdir": (0,),
+                "os.remove": (0,), "os.rmdir": (0,), "os.truncate": (0,), "os.chmod": (0,),
+                "os.chown": (0,), "os.utime": (0,), "shutil.rmtree": (0,)}
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 # Modules whose functions a submission may not rewrite, besides the core packages'.
 GUARDED_MODULES = ("builtins", "time", "os", "io", "sys", "warnings", "traceback",
                    "threading", "contextlib", "functools", "pickle", "inspect", "subprocess")
@@ -102,6 +115,15 @@ class _Places:
             denied |= {_folder(checkout / name) for name in CHECKOUT_DENIED}
         denied |= {_folder(p) for p in os.environ.get(DENIED_ENV, "").split(os.pathsep) if p}
         self.denied = tuple(denied)
+        # Where code that runs as trusted is, or is loaded from: not to be changed.
+        kept = {*self.stdlib, *self.site, *self.core, _folder(Path.home() / ".triton"),
+                _folder(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")}
+        if (checkout / "solutions").is_dir():
+            kept.add(_folder(checkout))
+        kept |= {_folder(os.environ[k]) for k in ("TRITON_CACHE_DIR", "TRITON_HOME",
+                                                  "TORCHINDUCTOR_CACHE_DIR") if os.environ.get(k)}
+        self.kept = tuple(kept)
+        self.trusted_code = (*self.stdlib, *self.site, *self.core)
 
     def asker(self) -> int:
         """Who asked: the first frame outside the standard library (TRUSTED where only
@@ -125,17 +147,6 @@ def _folder(path: str | Path) -> str:
     return os.path.realpath(path).rstrip(os.sep) + os.sep
 
 
-def _importing() -> bool:
-    """Whether Python's import machinery is on the stack (loading a module)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "_find_and_load" and \
-                frame.f_code.co_filename == "<frozen importlib._bootstrap>":
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _path_of(value: object) -> str | None:
     if isinstance(value, (str, bytes, os.PathLike)):
         try:
@@ -157,6 +168,40 @@ def _denied_path(path: str, denied: tuple[str, ...]) -> str | None:
             int(parts[2]) != os.getpid():
         return "another process's files"
     return None
+
+
+def _writes(args: tuple) -> bool:
+    """Whether an "open" event's (path, mode, flags) opens for writing."""
+    mode = args[1] if len(args) > 1 else None
+    flags = args[2] if len(args) > 2 else 0
+    if isinstance(mode, str):
+        return any(c in mode for c in "wax+")
+    return isinstance(flags, int) and bool(flags & WRITE_FLAGS)
+
+
+def _same_as_file(data: object, path: str | None, skip: int = 0) -> bool:
+    """Whether `data` (source or bytecode) is the text of the file at `path` (past `skip`
+    bytes of header)."""
+    if path is None or not isinstance(data, (bytes, bytearray, memoryview, str)):
+        return False
+    want = data.encode() if isinstance(data, str) else bytes(data)
+    try:
+        with open(path, "rb") as f:  # a trusted folder's file: reading it is not refused
+            return f.read()[skip:] == want
+    except OSError:
+        return False
+
+
+def _trusted_bytecode(places: _Places, data: object) -> bool:
+    """Whether marshalled `data` is being loaded by Python's import machinery from a
+    bytecode cache in a trusted folder, and is that file's code."""
+    frame = sys._getframe(2)  # _trusted_bytecode, the hook, who asked
+    if frame.f_code.co_name != "_compile_bytecode" or \
+            not frame.f_code.co_filename.startswith("<frozen importlib"):
+        return False
+    path = _path_of(frame.f_locals.get("bytecode_path"))
+    return bool(path) and path.startswith(places.trusted_code) and \
+        _same_as_file(data, path, skip=16)
 
 
 def _program(argv: object) -> list[str] | None:
@@ -190,6 +235,7 @@ def install() -> None:
     if getattr(install, "done", False):
         return
     install.done = True
+    sys.dont_write_bytecode = True  # imports write nothing where trusted code is kept
     places = _Places()
     refused = REFUSED
     mine = os.getpid()
@@ -205,6 +251,14 @@ def install() -> None:
             why = _denied_path(path, places.denied) if path else None
             if why:
                 refuse(f"reading {path} ({why})")
+            if path and event == "open" and path.startswith(places.kept) and _writes(args) \
+                    and places.asker() != TRUSTED:
+                refuse(f"writing {path} (where trusted code is kept)")
+        elif event in FILE_CHANGES:
+            for at in FILE_CHANGES[event]:
+                path = _path_of(args[at]) if len(args) > at else None
+                if path and path.startswith(places.kept) and places.asker() != TRUSTED:
+                    refuse(f"{event} on {path} (where trusted code is kept)")
         elif event in PROGRAM_EVENTS:
             at = ARGV_AT.get(event)  # os.system's command line goes through a shell
             argv = _program(args[at]) if at is not None and len(args) > at else None
@@ -213,8 +267,11 @@ def install() -> None:
         elif event in CORE_EVENTS:
             if places.asker() != TRUSTED:
                 refuse(f"{event} from the submission's code")
-        elif event in LIBRARY_EVENTS or event in UNLESS_IMPORTING and not _importing():
+        elif event in LIBRARY_EVENTS:
             if places.asker() == NONE:
+                refuse(f"{event} from the submission's code")
+        elif event in MARSHAL_EVENTS:
+            if places.asker() == NONE and not _trusted_bytecode(places, args[0] if args else None):
                 refuse(f"{event} from the submission's code")
         elif event == "object.__setattr__" and len(args) > 1 and args[1] in REWRITES:
             if _guarded_function(args[0]) and places.asker() != TRUSTED:
@@ -228,7 +285,7 @@ def install() -> None:
             path = _path_of(name) if isinstance(name, (str, bytes)) and name and \
                 os.path.isabs(os.fsdecode(name)) else None
             if path and (path + os.sep).startswith(places.core) and \
-                    places.asker() != TRUSTED:
+                    places.asker() != TRUSTED and not _same_as_file(args[0], path):
                 refuse(f"compiling code as {path}, a file of the course, torch or triton")
         elif event in ("os.putenv", "os.unsetenv") and args:
             key = os.fsdecode(args[0])
