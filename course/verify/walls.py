@@ -122,8 +122,14 @@ class _Places:
             kept.add(_folder(checkout))
         kept |= {_folder(os.environ[k]) for k in ("TRITON_CACHE_DIR", "TRITON_HOME",
                                                   "TORCHINDUCTOR_CACHE_DIR") if os.environ.get(k)}
+        # Folders on the import path besides (packages installed with PYTHONPATH), less the
+        # one the submission runs in and any folder holding it.
+        here = _folder(os.getcwd())
+        on_path = {_folder(p) for p in sys.path if p and os.path.isdir(p)}
+        on_path = {p for p in on_path if not (here.startswith(p) or p.startswith(here))}
+        kept |= on_path
         self.kept = tuple(kept)
-        self.trusted_code = (*self.stdlib, *self.site, *self.core)
+        self.trusted_code = (*self.stdlib, *self.site, *self.core, *on_path)
 
     def asker(self) -> int:
         """Who asked: the first frame outside the standard library (TRUSTED where only
