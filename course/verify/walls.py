@@ -20,8 +20,7 @@ An audit hook (PEP 578: nothing in Python removes one once it is added) refuses:
   name of the course, torch or triton (to pass for theirs: importing one of their modules
   compiles its file's own text, which is allowed), loading marshalled code other than a
   trusted package's bytecode cache, changing the environment the
-  checks run under, and (Python 3.12 and later, which report it) starting a thread: the
-  checks' profile hooks and torch's modes are per thread.
+  checks run under.
 
 Who asks is the first frame on the stack outside the standard library. "The course, torch
 or triton": a file of those packages. A library: any other installed package but those
@@ -69,7 +68,6 @@ LIBRARY_EVENTS = frozenset({
     "ctypes.cdata/buffer", "ctypes.addressof", "ctypes.call_function", "ctypes.string_at",
     "ctypes.wstring_at", "ctypes.get_errno", "ctypes.set_errno", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
-    "_thread.start_new_thread", "_thread.start_joinable_thread",  # 3.12 and 3.13 on
 })
 # Refused unless the core asks (the checks' own watches set these hooks).
 CORE_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
