@@ -65,13 +65,13 @@ TIMER_TITLES = {"call": "each call timed alone", "graph": "calls back to back in
 # Runs docs/benchmarks.md reports, one a GPU, shipped with the package so that a
 # pip-installed course (on Colab, say) can show them too: (the CSV, where and when). One
 # process each: every comparison in a run shares its copy bandwidth. The H200's ran on the
-# launch rules swept there (docs/sweeps/2026-11-27-h200/).
+# kernels and launch rules of 2026-11-28 (docs/sweeps/2026-11-28-h200-head/).
 DATA = Path(__file__).parent / "data"
 RECORDED_RUNS = {
     "H100": (DATA / "bench-h100-2026-11-24.csv",
              "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, 2026-11-24"),
-    "H200": (DATA / "bench-h200-2026-11-27.csv",
-             "NVIDIA H200, torch 2.11.0, triton 3.6.0, 2026-11-27"),
+    "H200": (DATA / "bench-h200-2026-11-28.csv",
+             "NVIDIA H200, torch 2.11.0, triton 3.6.0, 2026-11-28"),
 }
 RECORDED_RUN, RECORDED_ON = RECORDED_RUNS["H100"]  # what the chapters show first
 
