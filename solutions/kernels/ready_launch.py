@@ -6,9 +6,9 @@ layout (`layout`: shape, strides, dtype, device, 16-byte alignment), so the wrap
 the result, a `ReadyLaunch`, in a dict keyed by the layouts of their inputs. A later call
 with the same layouts allocates its outputs and launches through the compiled kernel's own
 launcher, as torch.compile's generated wrappers do (1 x 4096 RMSNorm, back to back on an
-H100 host: 114 us a call before, 21 and 37 in two runs after; docs/benchmarks.md, "Host
-overhead per call"). What is left is mostly the launch itself: torch's static CUDA launcher,
-tried in its place, measured within 1 us of it.
+H100 host: 114 us a call before, 21 and 37 in two runs after;
+docs/sweeps/benchmarks-history.md, "Host overhead per call"). What is left is mostly the
+launch itself: torch's static CUDA launcher, tried in its place, measured within 1 us of it.
 
 GPU only: in Triton's interpreter a launch returns no compiled kernel, and the wrappers take
 their full path every call.
