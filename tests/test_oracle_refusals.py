@@ -309,6 +309,20 @@ def test_a_split_rule_that_returns_course_traffic_best_split_fails():
            "against" in message, message
 
 
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="a thread already running gets the "
+                    "check's profile hook from Python 3.12 on (threading.setprofile_all_threads)")
+def test_a_split_rule_handing_course_traffic_to_a_worker_started_before_fails():
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(int).result()  # the worker is up before the check starts
+
+        def split_programs(M, N, sms):
+            return pool.submit(traffic.best_split, M, N, sms).result()
+
+        with pytest.raises(AssertionError) as failure:
+            check.split_rule(split_programs, seed=0, quiet=True)
+    assert "split_programs calls course.traffic (best_split)" in str(failure.value)
+
+
 def test_a_split_rule_reading_course_traffics_constant_passes():
     def split_programs(M, N, sms):
         return min(M, max(sms, -(-traffic.ELEMENTS_IN_FLIGHT_PER_SM * sms // N)))

@@ -9,7 +9,9 @@ models that chapters 02, 03 and 07 refuse (`course.check.roofline._traffic_calls
 The hook sees every event `sys.setprofile` reports: "call" for a Python function (its own
 frame), "c_call" for a builtin (the caller's frame; `arg` is the builtin). Each event then
 goes on to the profile function installed before (a debugger's, another check's), which is
-put back at the end; threads the call starts get the hook too (`threading.setprofile`).
+put back at the end; threads the call starts get the hook too (`threading.setprofile`), and
+on Python 3.12 and later so do threads already running (`threading.setprofile_all_threads`:
+a worker started before the call, handed work during it).
 A call that switched the hook off (`sys.setprofile(None)`) or put another in its place left
 the check blind to part of what it ran: `switched_off` says so, and the checks refuse it.
 """
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 from types import FrameType
 
 Hook = Callable[[FrameType, str, object], None]
+# Python 3.12 and later: the profile function of every running thread, set at once.
+_ALL_THREADS = getattr(threading, "setprofile_all_threads", None)
 
 
 @dataclass
@@ -49,9 +53,13 @@ def watching(hook: Hook) -> Iterator[Watch]:
 
     sys.setprofile(profile)
     threading.setprofile(profile)
+    if _ALL_THREADS is not None:
+        _ALL_THREADS(profile)
     try:
         yield watch
     finally:
         watch.switched_off = sys.getprofile() is not profile
+        if _ALL_THREADS is not None:
+            _ALL_THREADS(None)  # every thread's, this one's too: put back just below
         sys.setprofile(previous)
         threading.setprofile(previous_for_threads)

@@ -70,7 +70,8 @@ LIBRARY_EVENTS = frozenset({
     "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
 })
 # Refused unless the core asks (the checks' own watches set these hooks).
-CORE_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
+CORE_EVENTS = frozenset({"sys.setprofile", "sys.settrace", "sys._setprofileallthreads",
+                         "sys._settraceallthreads"})
 # Refused unless a library or the core asks, or Python's import machinery loads a trusted
 # package's bytecode cache (`_trusted_bytecode`).
 MARSHAL_EVENTS = frozenset({"marshal.loads", "marshal.load"})
