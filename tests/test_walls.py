@@ -157,6 +157,30 @@ def test_a_submission_cannot_plant_code_where_trusted_code_is_loaded_from(tmp_pa
     assert not any(ROOT.joinpath("course").glob("planted*")), "a refused write left a file"
 
 
+def test_a_program_of_its_own_under_a_tools_name_and_the_walls_settings_are_out_of_reach(
+        tmp_path):
+    """A red team's script named `file` (a tool anyone may start) read the solutions; the
+    fork_exec stand-in's closure held the walls' settings, which it then changed."""
+    got = _probe("""
+        import os, stat, subprocess, _posixsubprocess
+        os.mkdir("bin")
+        open("bin/file", "w").write("#!/bin/sh\\nexit 0\\n")
+        os.chmod("bin/file", 0o755)
+        attempt("a script of its own named file", lambda: subprocess.run(
+            [os.path.abspath("bin/file"), "x"]))
+        attempt("the installed file", lambda: subprocess.run(["file", "-b", "/bin/sh"],
+                                                             capture_output=True))
+        results["the stand-in's closure"] = repr(_posixsubprocess.fork_exec.__closure__)
+        attempt("the stand-in's keyword defaults",
+                lambda: _posixsubprocess.fork_exec.__kwdefaults__)
+    """, tmp_path)
+    assert got["results"]["a script of its own named file"] == "refused", got
+    assert got["results"]["the stand-in's closure"] == "None", got
+    assert got["results"]["the stand-in's keyword defaults"] == "refused", got
+    if Path("/usr/bin/file").exists():
+        assert got["results"]["the installed file"] == "allowed", got
+
+
 @pytest.mark.parametrize("what", ["the walls are up in course.compiled's child too"])
 def test_course_compiled_raises_the_walls_in_its_child(what):
     source = (ROOT / "course" / "compiled.py").read_text()

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -59,7 +60,10 @@ COMMAND_RUNNERS = ("IPython", "ipykernel", "pip", "setuptools", "_distutils_hack
 # platform.architecture() runs (seen on an H200: torch's profiler asked, in chapter 03).
 TOOLS = ("ptxas", "gcc", "g++", "cc", "c++", "clang", "ld", "ldconfig", "objdump", "nvcc",
          "cuobjdump", "nvdisasm", "nvidia-smi", "x86_64-linux-gnu-gcc", "aarch64-linux-gnu-gcc")
-ANYONES_TOOLS = ("fc-list", "fc-match", "file")
+ANYONES_TOOLS = ("fc-list", "fc-match", "file")  # by exact name, installed (_installed)
+# Where the system's programs are installed (a tool must resolve to one of these or to a
+# trusted package's folder: Triton's ptxas is in its package).
+SYSTEM_PROGRAMS = ("/usr/", "/bin/", "/sbin/", "/opt/", "/etc/alternatives/")
 # Programs a notebook's own cells start while graded: chapter 00's `python -m course doctor`.
 ALLOWED_COMMANDS = (("-m", "course", "doctor"),)
 # Refused unless a library or the core asks.
@@ -136,7 +140,7 @@ class _Places:
         frame = sys._getframe(2)  # asker, the hook (or fork_exec's stand-in), who asked
         while frame is not None:
             name = frame.f_code.co_filename
-            if not name.startswith("<frozen "):
+            if name != __file__ and not name.startswith("<frozen "):  # past the walls' own
                 path = os.path.realpath(name) if os.path.isabs(name) else name
                 if not path.startswith(self.stdlib) or path.startswith(self.site):
                     if path.startswith(self.core):
@@ -216,7 +220,17 @@ def _program(argv: object) -> list[str] | None:
         return None
 
 
-def _program_allowed(argv: list[str] | None, asker: int) -> bool:
+def _installed(program: str, places: _Places) -> bool:
+    """Whether `program` resolves to a file the system or a trusted package installed (not
+    one the submission wrote, under a tool's name, in a folder of its own)."""
+    found = program if os.sep in program else shutil.which(program)
+    if not found:
+        return False
+    path = os.path.realpath(found)
+    return path.startswith(SYSTEM_PROGRAMS) or path.startswith(places.trusted_code)
+
+
+def _program_allowed(argv: list[str] | None, asker: int, places: _Places) -> bool:
     """Whether a program may start: a notebook's own command, matplotlib's font lister,
     or a tool of the core packages (Python among them) that they asked for."""
     if not argv:
@@ -225,9 +239,11 @@ def _program_allowed(argv: list[str] | None, asker: int) -> bool:
     if python and tuple(argv[1:]) in ALLOWED_COMMANDS:
         return True
     name = os.path.basename(argv[0])
-    if name.startswith(ANYONES_TOOLS):
+    if name in ANYONES_TOOLS:
+        return _installed(argv[0], places)
+    if asker == TRUSTED and python:
         return True
-    return asker == TRUSTED and python or asker != NONE and name.startswith(TOOLS)
+    return asker != NONE and name.startswith(TOOLS) and _installed(argv[0], places)
 
 
 def _guarded_function(target: object) -> bool:
@@ -267,7 +283,7 @@ def install() -> None:
         elif event in PROGRAM_EVENTS:
             at = ARGV_AT.get(event)  # os.system's command line goes through a shell
             argv = _program(args[at]) if at is not None and len(args) > at else None
-            if not _program_allowed(argv, places.asker()):
+            if not _program_allowed(argv, places.asker(), places):
                 refuse(f"starting {' '.join(argv or [event])[:200]}")
         elif event in CORE_EVENTS:
             if places.asker() != TRUSTED:
@@ -310,10 +326,14 @@ def _guard_fork_exec(places: _Places, refuse) -> None:
     except ImportError:  # not POSIX
         return
 
-    def fork_exec(*args, _original=_posixsubprocess.fork_exec, **kwargs):
-        argv = _program(args[0]) if args and args[0] else None
-        if not _program_allowed(argv, places.asker()):
+    def judge(argv: list[str] | None) -> None:
+        if not _program_allowed(argv, places.asker(), places):
             refuse(f"starting {' '.join(argv or ['a program'])[:200]}")
+
+    # No closure: what the stand-in keeps (the original, and the judge that holds the
+    # walls' settings) is in its keyword defaults, which the hook refuses to show.
+    def fork_exec(*args, _original=_posixsubprocess.fork_exec, _judge=judge, **kwargs):
+        _judge(_program(args[0]) if args and args[0] else None)
         return _original(*args, **kwargs)
 
     _posixsubprocess.fork_exec = fork_exec
