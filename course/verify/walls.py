@@ -118,21 +118,20 @@ class _Places:
             denied |= {_folder(checkout / name) for name in CHECKOUT_DENIED}
         denied |= {_folder(p) for p in os.environ.get(DENIED_ENV, "").split(os.pathsep) if p}
         self.denied = tuple(denied)
-        # Where code that runs as trusted is, or is loaded from: not to be changed.
-        kept = {*self.stdlib, *self.site, *self.core, _folder(Path.home() / ".triton"),
-                _folder(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")}
-        if (checkout / "solutions").is_dir():
-            kept.add(_folder(checkout))
-        kept |= {_folder(os.environ[k]) for k in ("TRITON_CACHE_DIR", "TRITON_HOME",
-                                                  "TORCHINDUCTOR_CACHE_DIR") if os.environ.get(k)}
-        # Folders on the import path besides (packages installed with PYTHONPATH), less the
-        # one the submission runs in and any folder holding it.
+        # Where trusted code is: these, and folders on the import path besides (packages
+        # installed with PYTHONPATH), less the one the submission runs in and any holding it.
         here = _folder(os.getcwd())
         on_path = {_folder(p) for p in sys.path if p and os.path.isdir(p)}
         on_path = {p for p in on_path if not (here.startswith(p) or p.startswith(here))}
-        kept |= on_path
-        self.kept = tuple(kept)
         self.trusted_code = (*self.stdlib, *self.site, *self.core, *on_path)
+        # Not to be changed: where trusted code is, or is loaded from (the compilers' caches).
+        caches = {_folder(Path.home() / ".triton"),
+                  _folder(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")}
+        caches |= {_folder(os.environ[k]) for k in ("TRITON_CACHE_DIR", "TRITON_HOME",
+                                                    "TORCHINDUCTOR_CACHE_DIR") if os.environ.get(k)}
+        if (checkout / "solutions").is_dir():
+            caches.add(_folder(checkout))
+        self.kept = (*self.trusted_code, *caches)
 
     def asker(self) -> int:
         """Who asked: the first frame outside the standard library (TRUSTED where only
@@ -266,6 +265,11 @@ def install() -> None:
             refused.append(what)
         raise PermissionError(f"refused while grading: {what}")
 
+    def judge(argv: list[str] | None, what: str) -> None:
+        """Refuse starting the program `argv` (`what` when it is not known) unless allowed."""
+        if not _program_allowed(argv, places.asker(), places):
+            refuse(f"starting {' '.join(argv or [what])[:200]}")
+
     def hook(event: str, args: tuple) -> None:
         if event in ("open", "sqlite3.connect"):
             path = _path_of(args[0]) if args else None
@@ -282,9 +286,7 @@ def install() -> None:
                     refuse(f"{event} on {path} (where trusted code is kept)")
         elif event in PROGRAM_EVENTS:
             at = ARGV_AT.get(event)  # os.system's command line goes through a shell
-            argv = _program(args[at]) if at is not None and len(args) > at else None
-            if not _program_allowed(argv, places.asker(), places):
-                refuse(f"starting {' '.join(argv or [event])[:200]}")
+            judge(_program(args[at]) if at is not None and len(args) > at else None, event)
         elif event in CORE_EVENTS:
             if places.asker() != TRUSTED:
                 refuse(f"{event} from the submission's code")
@@ -314,10 +316,10 @@ def install() -> None:
                 refuse(f"changing the environment variable {key}")
 
     sys.addaudithook(hook)
-    _guard_fork_exec(places, refuse)
+    _guard_fork_exec(judge)
 
 
-def _guard_fork_exec(places: _Places, refuse) -> None:
+def _guard_fork_exec(judge) -> None:
     """`_posixsubprocess.fork_exec` starts programs without an audit event (multiprocessing
     calls it directly): the same rule, through a stand-in whose defaults, where the original
     is kept, the hook refuses to show."""
@@ -326,14 +328,10 @@ def _guard_fork_exec(places: _Places, refuse) -> None:
     except ImportError:  # not POSIX
         return
 
-    def judge(argv: list[str] | None) -> None:
-        if not _program_allowed(argv, places.asker(), places):
-            refuse(f"starting {' '.join(argv or ['a program'])[:200]}")
-
     # No closure: what the stand-in keeps (the original, and the judge that holds the
     # walls' settings) is in its keyword defaults, which the hook refuses to show.
     def fork_exec(*args, _original=_posixsubprocess.fork_exec, _judge=judge, **kwargs):
-        _judge(_program(args[0]) if args and args[0] else None)
+        _judge(_program(args[0]) if args and args[0] else None, "a program")
         return _original(*args, **kwargs)
 
     _posixsubprocess.fork_exec = fork_exec
