@@ -1,7 +1,10 @@
-"""Two submissions a red team graded with full marks (2026-11-28), graded by the verifier
+"""Submissions red teams graded with full marks (2026-11-28), graded by the verifier
 again: one reads its answers from the source notebooks at grade time, one rewrites the
-verifier's replay in place (`__code__`) and hands in an answer computed in NumPy. Each
-loses the cells it targets, and says why (course.verify.walls, course.verify.tamper)."""
+verifier's replay in place (`__code__`) and hands in an answer computed in NumPy, two have
+PyTorch compute the answer out of the watch's sight and a copy kernel store it (a kernel
+object given a `run` of its own; a kernel object moved to a subclass with its own `run`).
+Each loses the cells it targets, and says why (course.verify.walls, course.verify.tamper,
+course.check.sandbox, course.verify.replay)."""
 
 from __future__ import annotations
 
@@ -73,6 +76,65 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
     return y.view(x.shape)
 '''
 
+# PyTorch computes the answer while the watch is paused (through its own record, reached
+# from the patched launch step's globals), and a copy kernel stores it. Unwatched (the
+# repeat on new inputs), `run` writes PyTorch's answer straight into the output.
+PYTORCH_BEHIND_A_COPY_KERNEL = '''
+import contextlib
+import torch.nn.functional as F
+from course import validation
+
+
+@triton.jit
+def rmsnorm_kernel(src_ptr, y_ptr, x_ptr, w_ptr, n_cols, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    m = cols < n_cols
+    v = tl.load(src_ptr + row * n_cols + cols, mask=m)
+    tl.store(y_ptr + row * n_cols + cols, v.to(y_ptr.dtype.element_ty), mask=m)
+
+
+_PARAMS = ("src_ptr", "y_ptr", "x_ptr", "w_ptr", "n_cols", "eps")
+_KERNEL_CLASS = type(rmsnorm_kernel)
+
+
+def _watching():  # the watch patches the class's launch step while it watches
+    return getattr(_KERNEL_CLASS.run, "__globals__", {}).get("_ACTIVE") or []
+
+
+def _run(self, *args, grid, warmup, **kwargs):
+    if warmup or _watching():
+        return _KERNEL_CLASS.run(self, *args, grid=grid, warmup=warmup, **kwargs)
+    a = dict(zip(_PARAMS, args))
+    a.update({p: kwargs[p] for p in _PARAMS if p in kwargs})
+    N = a["n_cols"]
+    y = F.rms_norm(a["x_ptr"].reshape(-1, N).float(), (N,), a["w_ptr"].float(), a["eps"])
+    a["y_ptr"].reshape(-1, N).copy_(y.to(a["y_ptr"].dtype))
+
+
+RUN_OF_ITS_OWN
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x2 = validation.as_rows(x)
+    M, N = x2.shape
+    records = _watching()
+    with records[-1].paused() if records else contextlib.nullcontext():
+        ans = F.rms_norm(x2.float(), (N,), weight.float(), eps).contiguous()
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    rmsnorm_kernel[(M,)](ans, y, x2, weight, N, eps, BLOCK_N=triton.next_power_of_2(N))
+    return y.view(x.shape)
+'''
+RUN_ON_THE_OBJECT = "rmsnorm_kernel.run = types.MethodType(_run, rmsnorm_kernel)"
+RUN_ON_A_SUBCLASS = (
+    "rmsnorm_kernel.__class__ = type('Kernel', (type(rmsnorm_kernel),), {'run': _run})")
+
+
+def _behind_a_copy_kernel(run_of_its_own: str) -> str:
+    return "import types\n" + PYTORCH_BEHIND_A_COPY_KERNEL.replace("RUN_OF_ITS_OWN",
+                                                                   run_of_its_own)
+
+
 SUBMISSIONS = [
     Submission("reads_the_source", CHAPTER, "every answer read from solutions/ at grade time",
                {"ex04_fused_code": READS_THE_SOURCE},
@@ -81,6 +143,15 @@ SUBMISSIONS = [
                "course.verify.replay.repeated's __code__ replaced; the answer from NumPy",
                {"ex04_fused_code": REWRITES_THE_REPLAY},
                ("ex04_fused_correct", "ex04_fused_hidden"), "refused"),
+    Submission("run_on_the_kernel_object", CHAPTER,
+               "PyTorch's answer behind a copy kernel whose object has a `run` of its own",
+               {"ex04_fused_code": _behind_a_copy_kernel(RUN_ON_THE_OBJECT)},
+               ("ex04_fused_correct", "ex04_fused_hidden"),
+               "whose own attributes replace its class's `run`"),
+    Submission("run_on_a_kernel_subclass", CHAPTER,
+               "PyTorch's answer behind a copy kernel moved to a subclass with its own `run`",
+               {"ex04_fused_code": _behind_a_copy_kernel(RUN_ON_A_SUBCLASS)},
+               ("ex04_fused_correct", "ex04_fused_hidden"), "repeated on new inputs"),
 ]
 
 

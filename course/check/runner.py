@@ -188,6 +188,10 @@ ADVICE = {
     "launch_argument": (
         "Your function passed a launch a value that only passes for a number or a tensor (a "
         "subclass, or an object with data_ptr). Pass plain Python numbers and tensors."),
+    "kernel_object": (
+        "Your function launched a kernel object after giving it attributes of its own in "
+        "place of its class's methods (such as `run`), so the launch does not go through "
+        "Triton's launch step. Launch the @triton.jit kernel as it is."),
     "output_unchanged": (
         "The tensor you return reached your kernel already holding its final values: no "
         "launch changed it. Its values were computed some other way (NumPy, another thread, "
@@ -306,11 +310,13 @@ def provenance_findings(record: sandbox.CallRecord, names: tuple[str, ...],
 
 
 def refused_launch_findings(record: sandbox.CallRecord) -> list[Finding]:
-    """The launches the watch refused: a course kernel, or arguments that only pass for
-    numbers or tensors."""
+    """The launches the watch refused: a course kernel, arguments that only pass for
+    numbers or tensors, or a kernel object with methods of its own."""
     return [Finding("course_kernel", text) for text in dict.fromkeys(record.course_kernels)
             ] + [Finding("launch_argument", text)
-                 for text in dict.fromkeys(record.refused_arguments)]
+                 for text in dict.fromkeys(record.refused_arguments)
+                 ] + [Finding("kernel_object", text)
+                      for text in dict.fromkeys(record.refused_kernels)]
 
 
 def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator | None = None,
@@ -330,7 +336,8 @@ def run_case(exercise: Exercise, fn: Callable, case: Case, gen: torch.Generator 
         runtime.synchronize()  # asynchronous GPU faults surface here, inside the try
     except Exception as exc:  # the learner's code (its own asserts too) becomes a report line
         warned = tuple(record.warnings) if record is not None else ()
-        if record is not None and (record.course_kernels or record.refused_arguments):
+        if record is not None and (record.course_kernels or record.refused_arguments
+                                   or record.refused_kernels):
             return CaseResult(case, findings=tuple(refused_launch_findings(record)),
                               warnings=warned)
         if record is not None and record.outside:  # the interpreter's fence stopped a launch

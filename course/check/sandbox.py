@@ -53,6 +53,7 @@ import contextlib
 import itertools
 import threading
 import traceback
+import types
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -232,6 +233,9 @@ class CallRecord:
         default_factory=dict, repr=False)
     course_kernels: list[str] = field(default_factory=list)  # refused launches (see watch)
     refused_arguments: list[str] = field(default_factory=list)  # launches refused for them
+    # launches refused for a kernel object whose own attributes stand in for its class's
+    # methods (a `run` of its own computes unwatched, see _shadowed_methods)
+    refused_kernels: list[str] = field(default_factory=list)
     forbidden_ops: list[OpUse] = field(default_factory=list)
     copies: list[OpUse] = field(default_factory=list)
     allocations: list[PoisonedAllocation] = field(default_factory=list)
@@ -348,6 +352,7 @@ class CallRecord:
             "launches": list(self.launches), "atomic_kernels": list(self.atomic_kernels),
             "course_kernels": list(self.course_kernels),
             "refused_arguments": list(self.refused_arguments),
+            "refused_kernels": list(self.refused_kernels),
             "forbidden_ops": [(u.op, u.site, u.dtype) for u in self.forbidden_ops],
             "copies": [(u.op, u.site, u.dtype) for u in self.copies],
             "warnings": list(self.warnings),
@@ -368,6 +373,7 @@ class CallRecord:
         self.atomic_kernels += summary["atomic_kernels"]
         self.course_kernels += summary["course_kernels"]
         self.refused_arguments += summary["refused_arguments"]
+        self.refused_kernels += summary["refused_kernels"]
         self.forbidden_ops += [OpUse(*use) for use in summary["forbidden_ops"]]
         self.copies += [OpUse(*use) for use in summary["copies"]]
         self.warnings += [w for w in summary["warnings"] if w not in self.warnings]
@@ -594,6 +600,22 @@ def _refuse_if_odd(record: CallRecord, name: str, odd: list[tuple[str, str]]) ->
         raise LaunchRefused(refusal)
 
 
+def _shadowed_methods(kernel: object) -> list[str]:
+    """The methods of a kernel's class that the kernel object's own attributes hide (a
+    `run` of its own is called in place of the launch step that watches it)."""
+    own = getattr(kernel, "__dict__", {})
+    return sorted(name for name in own if any(
+        isinstance(vars(c).get(name), (types.FunctionType, staticmethod, classmethod))
+        for c in type(kernel).__mro__))
+
+
+def shadowed_methods_message(name: str, shadowed: list[str]) -> str:
+    listed = ", ".join(f"`{m}`" for m in shadowed)
+    return (f"launched `{name}`, a kernel object whose own attributes replace its class's "
+            f"{listed}: launch the @triton.jit kernel as it is, `kernel[grid](...)`, "
+            "without assigning to its methods")
+
+
 def _course_module(kernel: object) -> str | None:
     """Where a kernel the course ships comes from, for the refusal ("from `module`", or "a
     copy of `solutions.kernels.x.y`"); None for the learner's own. A copy of a reference
@@ -658,6 +680,11 @@ def _watched_launch_step(original, record: CallRecord):
             finally:
                 record._in_launch -= 1
         name = _kernel_name(self)
+        shadowed = _shadowed_methods(self)
+        if shadowed:
+            refusal = shadowed_methods_message(name, shadowed)
+            record.refused_kernels.append(refusal)
+            raise LaunchRefused(refusal)
         if record.tracer is not None:
             record.tracer.launched(self, args, kwargs, grid)
         module = _course_module(self)

@@ -566,11 +566,11 @@ class RemoteFunction:
 
     def repeated(self, args: tuple, kwargs: dict, again: tuple) -> object:
         """Call it on `args` and `kwargs` with its GPU work traced, then have that work, and
-        none of its Python, repeated on `again` in its process, with the kernels it launched
-        (course.verify.replay.repeated): compiling them again here would cost each
-        exercise's kernels a compile, and in Triton's interpreter a kernel's body runs as
-        Python. Return what the repeat returned. Raise NotReplayable where the work cannot
-        be repeated."""
+        none of its Python, repeated on `again` in its process, with its kernels rebuilt
+        from their source there (course.verify.replay.repeated): in Triton's interpreter a
+        kernel's body runs as Python, and a kernel not yet known to be correct must not
+        fault this process's GPU context. Return what the repeat returned. Raise
+        NotReplayable where the work cannot be repeated."""
         return self.learner.repeat({"name": self.name}, args, kwargs, again)
 
     def replayed(self, args: tuple) -> Replay:

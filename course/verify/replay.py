@@ -242,7 +242,6 @@ class Tracer:
     storages: dict[int, str] = field(default_factory=dict)   # address -> "alloc:N"
     sizes: dict[str, int] = field(default_factory=dict)      # "alloc:N" -> bytes
     refused: str | None = None
-    launched_kernels: dict[str, object] = field(default_factory=dict)  # name -> the kernel
     # Every storage named, kept alive while the call runs: a tensor freed during the call
     # would hand its address to a later one, which would then pass for it
     held: list = field(default_factory=list)
@@ -291,7 +290,6 @@ class Tracer:
     def launched(self, kernel: object, args: tuple, kwargs: dict, grid: object) -> None:
         try:
             name = kernel_source(kernel, self.kernels)
-            self.launched_kernels[name] = kernel
             signature = inspect.signature(_python_function(kernel))
             options = {k: v for k, v in kwargs.items() if k not in signature.parameters}
             bound = signature.bind(*args, **{k: v for k, v in kwargs.items()
@@ -389,12 +387,10 @@ class Replay:
 @dataclass
 class TracedCall:
     """One call's GPU work as traced (`Tracer.finish`), and the storage key each of its
-    positional arguments travelled under (None for one that is not a tensor). `launched`:
-    the kernels it launched, by name, where it was traced in this process."""
+    positional arguments travelled under (None for one that is not a tensor)."""
 
     trace: dict
     keys: list[str | None]
-    launched: dict[str, object] = field(default_factory=dict, repr=False)
 
     def replay(self, kernels: dict[str, object] | None = None, *, poison: bool = False
                ) -> Replay:
@@ -426,7 +422,7 @@ def tracer_for(args: tuple) -> tuple[Tracer, list[str | None]]:
 
 def traced_call(tracer: Tracer, keys: list[str | None], out: object) -> TracedCall:
     """What `tracer` saw of a call that returned `out`."""
-    return TracedCall(tracer.finish(out), keys, tracer.launched_kernels)
+    return TracedCall(tracer.finish(out), keys)
 
 
 def repeated(fn, args: tuple, kwargs: dict, again: tuple) -> object:
@@ -439,10 +435,9 @@ def repeated(fn, args: tuple, kwargs: dict, again: tuple) -> object:
     process, under course.verify): in Triton's interpreter a kernel's body is Python, which
     the verifier must not run. Raise NotReplayable where the work cannot be repeated."""
     _, call = trace_call(fn, args, kwargs)
-    # The very kernels the call launched, where each is Triton's own kind (already compiled
-    # for these shapes on a GPU); any other kind of object, rebuilt from its source.
-    plain = all(type(k) in _triton_kernel_types() for k in call.launched.values())
-    return call.replay(call.launched if plain else None, poison=True)(*again)
+    # Kernels rebuilt from their source, never the objects the call launched: an object
+    # can carry methods of its own (a `run` that computes with PyTorch when unwatched).
+    return call.replay(poison=True)(*again)
 
 
 def autograd_step(function_class: type, eps: float):
@@ -459,9 +454,3 @@ def autograd_step(function_class: type, eps: float):
 
     return step
 
-
-def _triton_kernel_types() -> tuple[type, ...]:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    return (JITFunction, InterpretedFunction)
