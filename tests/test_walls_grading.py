@@ -2,7 +2,8 @@
 again: one reads its answers from the source notebooks at grade time, one rewrites the
 verifier's replay in place (`__code__`) and hands in an answer computed in NumPy, two have
 PyTorch compute the answer out of the watch's sight and a copy kernel store it (a kernel
-object given a `run` of its own; a kernel object moved to a subclass with its own `run`).
+object given a `run` of its own; a kernel object moved to a subclass with its own `run`),
+one plants the answer in the inputs of the check's repeat, found up the stack.
 Each loses the cells it targets, and says why (course.verify.walls, course.verify.tamper,
 course.check.sandbox, course.verify.replay)."""
 
@@ -135,6 +136,47 @@ def _behind_a_copy_kernel(run_of_its_own: str) -> str:
                                                                    run_of_its_own)
 
 
+# The repeat's new inputs looked for up the stack while the call is traced, PyTorch's answer
+# for them planted in their x, and a copy kernel traced (red team, 2026-11-29).
+PLANTS_THE_REPEATS_ANSWER = '''
+import sys
+import torch.nn.functional as F
+from course import validation
+from course.check import sandbox
+
+
+@triton.jit
+def copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _repeat_inputs():
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "repeated" and "again" in frame.f_locals:
+            return frame.f_locals["again"]
+        frame = frame.f_back
+    return None
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x2 = validation.as_rows(x).contiguous()
+    M, N = x2.shape
+    again = _repeat_inputs()
+    with sandbox.active_records()[-1].paused():
+        if again is not None:
+            ax, aw = again[0], again[1]
+            ax.copy_(F.rms_norm(ax.float(), (N,), aw.float(), eps).to(ax.dtype))
+            src = x2
+        else:
+            src = F.rms_norm(x2.float(), (N,), weight.float(), eps).to(x.dtype).contiguous()
+    y = torch.empty_like(x2)
+    copy_kernel[(triton.cdiv(M * N, 1024),)](src, y, M * N, BLOCK=1024)
+    return y.view(x.shape)
+'''
+
+
 SUBMISSIONS = [
     Submission("reads_the_source", CHAPTER, "every answer read from solutions/ at grade time",
                {"ex04_fused_code": READS_THE_SOURCE},
@@ -151,6 +193,10 @@ SUBMISSIONS = [
     Submission("run_on_a_kernel_subclass", CHAPTER,
                "PyTorch's answer behind a copy kernel moved to a subclass with its own `run`",
                {"ex04_fused_code": _behind_a_copy_kernel(RUN_ON_A_SUBCLASS)},
+               ("ex04_fused_correct", "ex04_fused_hidden"), "repeated on new inputs"),
+    Submission("plants_the_repeats_answer", CHAPTER,
+               "PyTorch's answer for the repeat's inputs, found up the stack, planted in them",
+               {"ex04_fused_code": PLANTS_THE_REPEATS_ANSWER},
                ("ex04_fused_correct", "ex04_fused_hidden"), "repeated on new inputs"),
 ]
 

@@ -123,6 +123,7 @@ class Server:
         self.handles = itertools.count(1)
         self.lane: gpu_lane.MappedMailbox | None = None
         self.reply_lane = False  # the request in hand may be answered through the lane
+        self.traced_for_repeat: replay.TracedCall | None = None  # `repeat`, for `repeat_traced`
         self.snapshot = tamper.Snapshot.take()  # last: after everything the course imports
         self.reported: set[str] = set()
         walls.install()  # before any of the submission's code
@@ -142,7 +143,8 @@ class Server:
 
     def handle(self, message: dict) -> dict:
         requests = {"run_cell": self.run_cell, "describe": self.describe, "call": self.call,
-                    "repeat": self.repeat, "forward": self.forward, "backward": self.backward,
+                    "repeat": self.repeat, "repeat_traced": self.repeat_traced,
+                    "forward": self.forward, "backward": self.backward,
                     "mailbox": self.mailbox, "unreadable": self.unreadable}
         op = message.get("op")
         if op not in requests:
@@ -342,10 +344,13 @@ class Server:
         return self._watched(message, lambda: fn(*args, **kwargs))[0]
 
     def repeat(self, message: dict) -> dict:
-        """The function called on the message's first `split` arguments, then its GPU work
-        repeated on the rest (course.verify.replay.repeated). In Triton's interpreter this
-        is where the verifier checks that an answer came from the kernels, since it cannot
-        run a kernel's body itself without running the learner's Python."""
+        """The function called on the message's arguments with its GPU work traced, kept
+        for `repeat_traced` (course.verify.replay.repeated, in two requests: the new
+        inputs arrive only once the learner's function has returned, so it cannot find them
+        and plant an answer there). In Triton's interpreter this is where the verifier
+        checks that an answer came from the kernels, since it cannot run a kernel's body
+        itself without running the learner's Python."""
+        self.traced_for_repeat = None
         fn = self.shell.user_ns.get(message["name"])
         if fn is None:
             return {"error": _error(NameError(f"name {message['name']!r} is not defined"))}
@@ -355,14 +360,29 @@ class Server:
                                                   "torch.autograd.Function"))}
             fn = replay.autograd_step(fn, message["autograd_eps"])
         args, kwargs = self._arguments(message)
-        split = message["split"]
         try:
-            result = replay.repeated(fn, tuple(args[:split]), kwargs, tuple(args[split:]))
+            _, self.traced_for_repeat = replay.trace_call(fn, tuple(args), kwargs)
         except replay.NotReplayable as why:
             return {"error": None, "not_replayable": str(why)}
         except BaseException as exc:  # the learner's code: reported
             return {"error": _error(exc)}
-        return {"error": None, "outputs": self._output(result, None)}
+        return {"error": None}
+
+    def repeat_traced(self, message: dict) -> dict:
+        """The GPU work `repeat` traced, and none of its Python, repeated on the message's
+        arguments: what that returned, and the arguments as they are after it (the verifier
+        checks that nothing changed them)."""
+        call, self.traced_for_repeat = self.traced_for_repeat, None
+        if call is None:
+            return {"error": _error(RuntimeError("no traced call to repeat"))}
+        again, _ = self._arguments(message)
+        try:
+            result = call.replay(poison=True)(*again)
+        except replay.NotReplayable as why:
+            return {"error": None, "not_replayable": str(why)}
+        except BaseException as exc:  # a kernel of the learner's, compiled or interpreted
+            return {"error": _error(exc)}
+        return {"error": None, "outputs": self._output((result, tuple(again)), None)}
 
     def forward(self, message: dict) -> dict:
         function_class = self.shell.user_ns.get(message["name"])

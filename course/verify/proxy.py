@@ -528,10 +528,20 @@ class Learner:
         """What the learner's process returned repeating a call's GPU work on `again`
         (its request `repeat`; `message` names what to call); NotReplayable where it could
         not."""
-        reply, out = self.ask({"op": "repeat", "split": len(args), **message},
-                              (*args, *again), kwargs)
+        # Two requests: the call, traced; then its work on `again`, which the learner's
+        # process is sent only after the call returned (a call that could see the new
+        # inputs could plant their answer in them for a copy kernel to fetch).
+        reply, _ = self.ask({"op": "repeat", **message}, args, kwargs)
+        if reply.get("not_replayable") is None:
+            reply, out = self.ask({"op": "repeat_traced"}, again)
         if reply.get("not_replayable") is not None:
             raise NotReplayable(reply["not_replayable"])
+        out, after = out
+        for i, (sent, now) in enumerate(zip(again, after, strict=True)):
+            if isinstance(sent, torch.Tensor) and not torch.equal(sent, now.to(sent.device)):
+                raise NotReplayable(f"argument {i} changed while the work was repeated on "
+                                    "it: a kernel may not write its inputs, and nothing but "
+                                    "the kernels may run there")
         return out
 
     def function(self, name: str) -> RemoteFunction:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from course import kernel_records
 from course.verify import protocol
+from course.verify.kernel_names import KernelReachesPython, refuse_python_reach
 
 import torch
 
@@ -134,7 +135,8 @@ _ALLOWED_IN_SIGNATURE = (ast.Constant, ast.Name, ast.Attribute, ast.Load)
 
 def _checked_definition(bundle: dict) -> ast.Module:
     """The kernel's source as a module holding only its definition, undecorated, whose
-    signature evaluates nothing but names and constants (so defining it runs nothing)."""
+    signature evaluates nothing but names and constants (so defining it runs nothing) and
+    whose body reaches nothing a compile would run as Python (so compiling it runs none)."""
     try:
         tree = ast.parse(bundle["source"])
     except SyntaxError as exc:
@@ -153,6 +155,10 @@ def _checked_definition(bundle: dict) -> ast.Module:
         if not all(isinstance(n, _ALLOWED_IN_SIGNATURE) for n in ast.walk(node)):
             raise NotReplayable(f"kernel {bundle['name']}: its signature computes something "
                                 f"({ast.unparse(node)}); only names and constants replay")
+    try:  # compiling it must run no Python of the learner's (course.verify.kernel_names)
+        refuse_python_reach(definition, bundle["globals"], bundle["name"])
+    except KernelReachesPython as exc:
+        raise NotReplayable(str(exc)) from None
     return tree
 
 
