@@ -18,11 +18,13 @@ An audit hook (PEP 578: nothing in Python removes one once it is added) refuses:
   the standard library, calling native code through ctypes, walking the garbage
   collector's objects (where this hook's data could be found), compiling code under a file
   name of the course, torch or triton (to pass for theirs: importing one of their modules
-  compiles its file's own text, which is allowed), loading marshalled code other than a
+  compiles its file's own text, which is allowed) or of any trusted folder, or as
+  importlib's "<frozen ...>" (file names decide who asks), loading marshalled code other than a
   trusted package's bytecode cache, changing the environment the
   checks run under.
 
-Who asks is the first frame on the stack outside the standard library. "The course, torch
+Who asks is the first frame on the stack outside the standard library (a library at most
+where there is none: a thread whose target is the standard library's). "The course, torch
 or triton": a file of those packages. A library: any other installed package but those
 that run commands for their caller (IPython, pip, ...). A submission's code: a cell, and
 whatever it compiled. Each refusal raises PermissionError and is kept in `REFUSED`; the
@@ -134,8 +136,9 @@ class _Places:
         self.kept = (*self.trusted_code, *caches)
 
     def asker(self) -> int:
-        """Who asked: the first frame outside the standard library (TRUSTED where only
-        library frames are on the stack: a thread the core started)."""
+        """Who asked: the first frame outside the standard library. Where there is none (a
+        thread whose target is the standard library's, an exit handler), a library at most:
+        a submission can start `threading.Thread(target=subprocess.run, ...)` itself."""
         frame = sys._getframe(2)  # asker, the hook (or fork_exec's stand-in), who asked
         while frame is not None:
             name = frame.f_code.co_filename
@@ -148,7 +151,7 @@ class _Places:
                         return LIBRARY
                     return NONE
             frame = frame.f_back
-        return TRUSTED
+        return LIBRARY
 
 
 def _folder(path: str | Path) -> str:
@@ -304,12 +307,16 @@ def install() -> None:
                     places.asker() != TRUSTED:
                 refuse(f"reading {args[1]} of the grading's {args[0].__qualname__}")
         elif event in ("compile", "code.__new__") and len(args) > 1:
-            name = args[1]
-            path = _path_of(name) if isinstance(name, (str, bytes)) and name and \
-                os.path.isabs(os.fsdecode(name)) else None
+            name = os.fsdecode(args[1]) if isinstance(args[1], (str, bytes)) else ""
+            path = _path_of(name) if name and os.path.isabs(name) else None
+            # Code compiled under a trusted file's name would pass for that file's (the
+            # asker is known by file names); under "<frozen ...>", be skipped as importlib's.
             if path and (path + os.sep).startswith(places.core) and \
                     places.asker() != TRUSTED and not _same_as_file(args[0], path):
                 refuse(f"compiling code as {path}, a file of the course, torch or triton")
+            if (name.startswith("<frozen") or path and path.startswith(places.trusted_code)
+                    and not _same_as_file(args[0], path)) and places.asker() == NONE:
+                refuse(f"compiling code as {name[:200]}, a name of trusted code")
         elif event in ("os.putenv", "os.unsetenv") and args:
             key = os.fsdecode(args[0])
             if key.startswith(WATCHED_ENV_PREFIXES) and places.asker() == NONE:
