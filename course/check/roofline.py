@@ -31,11 +31,12 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 
-from course import hardware, traffic
+from course import hardware, timing, traffic
 from course.check import guards, profiled
 from course.check.cases import Case
 from course.check.learner_facing import learner_facing
@@ -177,7 +178,6 @@ def _cases(seed: int, extra: Sequence[ExtraCase] = ()) -> list[tuple[int, int, t
 # (course.traffic's bare), and SWITCHED_OFF says the body switched the profile hook off.
 TIMING = "course.timing."
 SWITCHED_OFF = "sys.setprofile"
-_MODELS = (traffic.__name__, "course.timing")
 # What a timer uses of course.timing (chapter 03): a workload, its events, synchronize and
 # the host's clock. Any other of its functions (simulated_times, SimParams.kernel_s, ...)
 # gives the simulated GPU's true time rather than measuring it.
@@ -186,9 +186,54 @@ TIMER_USES = frozenset({"workload", "simulated", "cuda_workload", "parse_sim_spe
                         "__call__", "__repr__"})
 
 
+def _codes_of(module: types.ModuleType) -> set[types.CodeType]:
+    """Every code object of `module`'s functions and classes' methods (properties, static and
+    class methods, dataclasses' generated ones), nested ones (closures, comprehensions)
+    included."""
+    found: set[types.CodeType] = set()
+
+    def add(code: types.CodeType) -> None:
+        found.add(code)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                add(const)
+
+    def visit(value: object, seen: set[int]) -> None:
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, property):
+            for part in (value.fget, value.fset, value.fdel):
+                visit(part, seen)
+        elif isinstance(value, (staticmethod, classmethod)):
+            visit(value.__func__, seen)
+        elif isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+            add(value.__code__)
+            visit(getattr(value, "__wrapped__", None), seen)
+        elif isinstance(value, type) and value.__module__ == module.__name__:
+            for member in vars(value).values():
+                visit(member, seen)
+
+    seen: set[int] = set()
+    for value in list(vars(module).values()):
+        visit(value, seen)
+    return found
+
+
+# The models, known by their code (a copy of a function made from the same code object, with
+# globals of its own, is still the model: a red team's was) and by the file it was compiled
+# from (code compiled again from the module's text; the walls refuse any other under that
+# name).
+_MODEL_CODES = {code: model.__name__ for model in (traffic, timing)
+                for code in _codes_of(model)}
+_MODEL_FILES = {model.__file__: model.__name__ for model in (traffic, timing)}
+
+
 def _model_of(frame) -> str | None:
-    name = frame.f_globals.get("__name__") if frame is not None else None
-    return name if name in _MODELS else None
+    if frame is None:
+        return None
+    code = frame.f_code
+    return _MODEL_CODES.get(code) or _MODEL_FILES.get(code.co_filename)
 
 
 @contextlib.contextmanager
