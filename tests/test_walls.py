@@ -34,7 +34,7 @@ def attempt(name, fn):
 
 cell = {cell!r}
 exec(compile(cell, "<ipython-input-1-0>", "exec"))
-print(json.dumps({{"results": results, "refused": walls.REFUSED}}))
+print(json.dumps({{"results": results, "refused": walls.refusals()}}))
 '''
 
 

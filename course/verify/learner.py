@@ -135,7 +135,7 @@ class Server:
             if change.what not in self.reported:
                 self.reported.add(change.what)
                 new.append(str(change))
-        for what in list(walls.REFUSED):
+        for what in walls.refusals():
             if what not in self.reported:
                 self.reported.add(what)
                 new.append(f"tried {what}, which was refused")

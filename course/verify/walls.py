@@ -27,9 +27,15 @@ Who asks is the first frame on the stack outside the standard library (a library
 where there is none: a thread whose target is the standard library's). "The course, torch
 or triton": a file of those packages. A library: any other installed package but those
 that run commands for their caller (IPython, pip, ...). A submission's code: a cell, and
-whatever it compiled. Each refusal raises PermissionError and is kept in `REFUSED`; the
-learner's process reports it as tampering, so the test cells from then on score 0, whether
-or not the submission caught the error.
+whatever it compiled. Each refusal raises PermissionError and is kept where no Python code
+reaches it (`refusals()` gives a copy); the learner's process reports it as tampering, so
+the test cells from then on score 0, whether or not the submission caught the error.
+
+What the hook keeps, and what the course hides from the submission, is in keyword defaults
+of functions whose code and defaults the hook refuses to show to anyone but the course,
+torch or triton: the walls' own functions, and those the course names with `guard` (chapter
+03's simulated GPU). A refusal's traceback holds the hook's frame, so reading a frame of
+the walls' code from a traceback is refused too.
 
 A tripwire with a high bar, not a wall: native code (a shared library the submission
 writes and has a trusted package load) is beyond it. An operating-system sandbox is the
@@ -45,8 +51,6 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-
-REFUSED: list[str] = []  # what was refused, in order (the learner's process reports it)
 
 DENIED_ENV = "COURSE_WALLS_DENY"  # folders to deny besides the checkout's, os.pathsep-separated
 # The checkout's folders besides the course package (and a virtual environment in it).
@@ -253,6 +257,21 @@ def _guarded_function(target: object) -> bool:
     return module.split(".")[0] in CORE or module in GUARDED_MODULES
 
 
+# What was refused, and what the hook guards, live in these functions' keyword defaults: the
+# hook refuses to show those (a module's list the submission could clear or fill).
+def refusals(*, _refused: list[str] = []) -> list[str]:  # noqa: B006
+    """What was refused in this process, in order: a copy."""
+    return list(_refused)
+
+
+def guard(*functions: object, _guarded: dict[int, object] = {}) -> None:  # noqa: B006
+    """Have the hook refuse to show `functions`' code and defaults to the submission: what a
+    course function keeps in its keyword defaults is then out of Python's reach while the
+    walls stand (without them, it is one attribute away)."""
+    for function in functions:
+        _guarded[id(function)] = function  # kept: an id is never reused while it lives
+
+
 def install() -> None:
     """Add the hook (once a process). Call it before any of the submission's code runs."""
     if getattr(install, "done", False):
@@ -260,7 +279,9 @@ def install() -> None:
     install.done = True
     sys.dont_write_bytecode = True  # imports write nothing where trusted code is kept
     places = _Places()
-    refused = REFUSED
+    # Read before the hook stands (it refuses anyone outside the core, as the caller may be).
+    refused = refusals.__kwdefaults__["_refused"]
+    guarded = guard.__kwdefaults__["_guarded"]
     mine = os.getpid()
 
     def refuse(what: str) -> None:
@@ -303,9 +324,16 @@ def install() -> None:
             if _guarded_function(args[0]) and places.asker() != TRUSTED:
                 refuse(f"rewriting {getattr(args[0], '__qualname__', args[0])!s}.{args[1]}")
         elif event == "object.__getattr__" and len(args) > 1 and args[1] in REWRITES:
-            if getattr(args[0], "__module__", None) == __name__ and \
-                    places.asker() != TRUSTED:
+            if (id(args[0]) in guarded or getattr(args[0], "__module__", None) == __name__) \
+                    and places.asker() != TRUSTED:
                 refuse(f"reading {args[1]} of the grading's {args[0].__qualname__}")
+        elif event == "object.__getattr__" and len(args) > 1 and args[1] == "tb_frame":
+            # A refusal's traceback holds this hook's frame, whose locals are what it keeps.
+            # (Its own read, just below, comes back here from its own frame: let through.)
+            if sys._getframe(1).f_code is not own_code and \
+                    args[0].tb_frame.f_code.co_filename == __file__ and \
+                    places.asker() != TRUSTED:
+                refuse("reading a frame of the walls' code from a traceback")
         elif event in ("compile", "code.__new__") and len(args) > 1:
             name = os.fsdecode(args[1]) if isinstance(args[1], (str, bytes)) else ""
             path = _path_of(name) if name and os.path.isabs(name) else None
@@ -322,6 +350,7 @@ def install() -> None:
             if key.startswith(WATCHED_ENV_PREFIXES) and places.asker() == NONE:
                 refuse(f"changing the environment variable {key}")
 
+    own_code = hook.__code__
     sys.addaudithook(hook)
     _guard_fork_exec(judge)
 
