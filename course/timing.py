@@ -26,9 +26,13 @@ the chapter's checker compares a learner's timer with them. A timer is handed on
 needs (`SimDevice`, `SimWorkload`: no `gpu.params`), and while the checker times it, a call
 from the timer into this module beyond a workload, its events, synchronize and clock (the
 true time through `simulated_times`, `SimParams.kernel_s`, ...) fails the check
-(`course.check.timer`). What stays within reach of code in the same process: the private
-attributes behind those objects, read field by field, or the seed's draw of the parameters
-written out again; the check cannot tell a time so computed from one measured.
+(`course.check.timer`). Those objects hold only the number their simulated GPU is known
+by; the GPUs are kept in the keyword defaults of `_step`, which the walls of a graded run
+refuse to show (`course.verify.walls.guard`; without the walls they are one attribute
+away). What stays within reach of code in the same process: the seed's draw of the
+parameters written out again (the check cannot tell a time so computed from one
+measured), and the frames of the simulation's own code while it runs, for code that
+rebinds a name it calls (this module's `weakref`, a builtin) to a function of its own.
 
 `recorded(gpu)` reads the timer figures `scripts/record_timers.py` recorded on a GPU;
 `three_timers(rows)` picks from them the three chapter 08 compares (the GPU's time,
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course import hardware, runtime
+from course.verify import walls
 
 import torch
 
@@ -96,10 +101,13 @@ class SimParams:
 
 
 class SimTensor:
-    """A buffer of the simulated GPU: an address and a size, no values."""
+    """A buffer of the simulated GPU: an address and a size, no values (and the number its
+    GPU is known by, not the GPU)."""
 
-    def __init__(self, gpu: SimulatedGPU, address: int, nbytes: int):
-        self._gpu, self.address, self.nbytes = gpu, address, nbytes
+    __slots__ = ("_gpu_id", "address", "nbytes", "__weakref__")
+
+    def __init__(self, gpu_id: int, address: int, nbytes: int):
+        self._gpu_id, self.address, self.nbytes = gpu_id, address, nbytes
 
     def __repr__(self) -> str:
         return f"<simulated tensor of {self.nbytes / MB:.1f} MB at {self.address:#x}>"
@@ -108,21 +116,25 @@ class SimTensor:
 class SimEvent:
     """A simulated `torch.cuda.Event`: it completes when the GPU reaches it in its queue."""
 
-    def __init__(self, gpu: SimulatedGPU, enable_timing: bool = False):
-        self._gpu, self.enable_timing = gpu, enable_timing
+    __slots__ = ("_gpu_id", "enable_timing", "at")
+
+    def __init__(self, gpu_id: int, enable_timing: bool = False):
+        self._gpu_id, self.enable_timing = gpu_id, bool(enable_timing)
         self.at: float | None = None
 
     def record(self) -> None:
-        self.at = max(self._gpu.host_s, self._gpu.busy_until_s)
+        self.at = _step(self._gpu_id, "reached")
 
     def elapsed_time(self, end: SimEvent) -> float:
         """Milliseconds from this event to `end`, as torch.cuda.Event.elapsed_time."""
+        if type(end) is not SimEvent or end._gpu_id != self._gpu_id:
+            raise TypeError(f"elapsed_time takes another event of the same GPU, got {end!r}")
         if not (self.enable_timing and end.enable_timing):
             raise RuntimeError("elapsed_time needs both events created with "
                                "enable_timing=True")
         if self.at is None or end.at is None:
             raise RuntimeError("elapsed_time: record() both events first")
-        if end.at > self._gpu.host_s:
+        if end.at > _step(self._gpu_id, "clock"):
             raise RuntimeError("elapsed_time: the GPU has not reached the end event yet "
                                "(on a real GPU: 'device not ready'); call gpu.synchronize() "
                                "before reading the times")
@@ -130,10 +142,11 @@ class SimEvent:
 
 
 class SimulatedGPU:
-    """A GPU that runs one workload, simulated (see the module's text)."""
+    """A GPU that runs one workload, simulated (see the module's text). A timer is never
+    handed one: `simulated` keeps it where only `_step` reaches it."""
 
-    def __init__(self, params: SimParams):
-        self.params = params
+    def __init__(self, params: SimParams, gpu_id: int = 0):
+        self.params, self.gpu_id = params, gpu_id
         self.host_s = 0.0        # the host's clock
         self.busy_until_s = 0.0  # when the GPU finishes what is queued
         self.compiled = False
@@ -142,8 +155,9 @@ class SimulatedGPU:
         self._l2: collections.OrderedDict[int, int] = collections.OrderedDict()
 
     # what a timer uses, as torch.cuda offers it
-    def Event(self, enable_timing: bool = False) -> SimEvent:  # noqa: N802  (torch's name)
-        return SimEvent(self, enable_timing)
+    def reached(self) -> float:
+        """When an event recorded now completes: once the GPU has done what is queued."""
+        return max(self.host_s, self.busy_until_s)
 
     def synchronize(self) -> None:
         self.host_s = max(self.host_s, self.busy_until_s)
@@ -158,32 +172,84 @@ class SimulatedGPU:
             address = free.pop()  # the block freed last, as a caching allocator does
         else:
             address, self._next_address = self._next_address, self._next_address + nbytes
-        tensor = SimTensor(self, address, nbytes)
+        tensor = SimTensor(self.gpu_id, address, nbytes)
         weakref.finalize(tensor, free.append, address)
         return tensor
 
-    def _touch(self, buffer: SimTensor) -> bool:
+    def _touch(self, address: int, nbytes: int) -> bool:
         """Touch a buffer; whether it was still in L2."""
-        hit = buffer.address in self._l2
-        self._l2.pop(buffer.address, None)
-        self._l2[buffer.address] = buffer.nbytes
+        hit = address in self._l2
+        self._l2.pop(address, None)
+        self._l2[address] = nbytes
         while sum(self._l2.values()) > self.params.l2_bytes:
             self._l2.popitem(last=False)
         return hit
 
     # the workload
-    def run(self, x: SimTensor) -> SimTensor:
-        if not isinstance(x, SimTensor) or x._gpu is not self:
-            raise TypeError(f"the simulated workload takes one of its own inputs, got {x!r}")
+    def run(self, address: int, nbytes: int) -> SimTensor:
+        """Queue the workload on the input buffer at `address`; its new output."""
         if not self.compiled:  # the first call compiles, on the host
             self.host_s += self.params.compile_s
             self.compiled = True
         self.host_s += self.params.launch_s
         y = self.allocate(self.params.write_bytes)
-        input_hit, output_hit = self._touch(x), self._touch(y)
+        input_hit, output_hit = self._touch(address, nbytes), self._touch(y.address, y.nbytes)
         start = max(self.host_s, self.busy_until_s)
         self.busy_until_s = start + self.params.kernel_s(input_hit, output_hit)
         return y
+
+
+# The simulated GPUs, by number, live in the keyword defaults of the two functions below,
+# which the walls refuse to show (`walls.guard`): a timer's handles carry the number only,
+# so no attribute read leads from them to a GPU's parameters.
+_GPUS: dict[int, SimulatedGPU] = {}
+
+
+def _new_gpu(params: SimParams, *, _gpus: dict[int, SimulatedGPU] = _GPUS) -> int:
+    gpu_id = len(_gpus) + 1
+    _gpus[gpu_id] = SimulatedGPU(params, gpu_id)
+    return gpu_id
+
+
+def _step(gpu_id: int, step: str, x: SimTensor | None = None, *,
+          _gpus: dict[int, SimulatedGPU] = _GPUS) -> object:
+    """One step of simulated GPU `gpu_id`: "reached", "synchronize", "clock", "run" (on
+    input `x`) or "input" (a new input buffer)."""
+    # What the caller hands over is read and checked before the GPU is looked up: nothing
+    # of the caller's (a property, an __eq__) runs while this frame holds it.
+    if step == "run":
+        if type(x) is not SimTensor:
+            raise TypeError(f"the simulated workload takes one of its own inputs, got {x!r}")
+        owner, address, nbytes = x._gpu_id, x.address, x.nbytes
+        if owner != gpu_id or type(address) is not int or type(nbytes) is not int:
+            raise TypeError(f"the simulated workload takes one of its own inputs, got {x!r}")
+    if type(gpu_id) is not int or type(step) is not str:
+        raise TypeError(f"not a step of a simulated GPU: {step!r}")
+    gpu = None
+    try:
+        gpu = _gpus.get(gpu_id)
+        if gpu is None:
+            found: object = LookupError
+        elif step == "run":
+            found = gpu.run(address, nbytes)
+        elif step == "input":
+            found = gpu.allocate(gpu.params.read_bytes)
+        elif step in ("reached", "synchronize", "clock"):
+            found = getattr(gpu, step)()
+        else:
+            found = LookupError
+    except BaseException as error:
+        # Its traceback would hold the frames that hold the GPU: raised without them.
+        gpu = _gpus = None
+        raise error.with_traceback(None) from None
+    gpu = _gpus = None
+    if found is LookupError:
+        raise LookupError(f"no simulated GPU {gpu_id} or no step {step!r}")
+    return found
+
+
+del _GPUS
+walls.guard(_new_gpu, _step)
 
 
 def parse_sim_spec(spec: str) -> int:
@@ -202,19 +268,19 @@ class SimDevice:
     refuses any call of this module's functions beyond what a timer uses
     (`course.check.roofline.TIMER_USES`)."""
 
-    __slots__ = ("_gpu",)
+    __slots__ = ("_gpu_id",)
 
-    def __init__(self, gpu: SimulatedGPU):
-        self._gpu = gpu
+    def __init__(self, gpu_id: int):
+        self._gpu_id = gpu_id
 
     def Event(self, enable_timing: bool = False) -> SimEvent:  # noqa: N802  (torch's name)
-        return SimEvent(self._gpu, enable_timing)
+        return SimEvent(self._gpu_id, enable_timing)
 
     def synchronize(self) -> None:
-        self._gpu.synchronize()
+        _step(self._gpu_id, "synchronize")
 
     def clock(self) -> float:
-        return self._gpu.clock()
+        return _step(self._gpu_id, "clock")
 
     def __repr__(self) -> str:
         return "<simulated GPU>"
@@ -224,22 +290,22 @@ class SimWorkload:
     """The simulated GPU's one workload: `fn(x)` queues its kernel on one of `inputs`' copies
     and returns the new output."""
 
-    __slots__ = ("_gpu",)
+    __slots__ = ("_gpu_id",)
 
-    def __init__(self, gpu: SimulatedGPU):
-        self._gpu = gpu
+    def __init__(self, gpu_id: int):
+        self._gpu_id = gpu_id
 
     def __call__(self, x: SimTensor) -> SimTensor:
-        return self._gpu.run(x)
+        return _step(self._gpu_id, "run", x)
 
     def __repr__(self) -> str:
         return "<the simulated GPU's workload>"
 
 
 def simulated(spec: str) -> tuple[SimDevice, SimWorkload, list[tuple[SimTensor]]]:
-    gpu = SimulatedGPU(SimParams.from_seed(parse_sim_spec(spec)))
-    inputs = [(gpu.allocate(gpu.params.read_bytes),) for _ in range(SIM_COPIES)]
-    return SimDevice(gpu), SimWorkload(gpu), inputs
+    gpu_id = _new_gpu(SimParams.from_seed(parse_sim_spec(spec)))
+    inputs = [(_step(gpu_id, "input"),) for _ in range(SIM_COPIES)]
+    return SimDevice(gpu_id), SimWorkload(gpu_id), inputs
 
 
 @dataclass(frozen=True)

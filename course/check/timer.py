@@ -15,7 +15,8 @@ the message names the one that matches it on every simulated GPU.
 
 A timer measures: one that asks course.timing for the simulated GPU's true time
 (`simulated_times`, `SimParams.kernel_s`, ...) fails whatever it returns. The timer is
-handed no parameters (`timing.SimDevice`), and while the check calls it, a profile hook
+handed no parameters (`timing.SimDevice` holds only the number of a simulated GPU kept
+where the walls refuse to show it), and while the check calls it, a profile hook
 notes any function of course.timing it calls beyond a workload, its events, synchronize and
 clock (`roofline._traffic_calls`, in the learner's process too: guards.TRAFFIC_CALLS), and
 whether the hook was switched off.
