@@ -257,8 +257,14 @@ def _time_workload(time_per_call):
     return time_workload
 
 
+def _simulated_gpu(device):
+    """The simulation behind a timer's device: without the walls, one keyword default away
+    (course.timing keeps it out of what the timer is handed)."""
+    return timing._step.__kwdefaults__["_gpus"][device._gpu_id]
+
+
 def _private_parameters(gpu, fn, inputs, reps=30):
-    return gpu._gpu.params.kernel_s(False, False)
+    return _simulated_gpu(gpu).params.kernel_s(False, False)
 
 
 def _simulated_times(spec, reps=30):
@@ -267,7 +273,7 @@ def _simulated_times(spec, reps=30):
 
 def _switched_off(gpu, fn, inputs, reps=30):
     sys.setprofile(None)
-    return gpu._gpu.params.kernel_s(False, False)
+    return _simulated_gpu(gpu).params.kernel_s(False, False)
 
 
 @pytest.mark.parametrize("time_workload, said", [
