@@ -3,20 +3,35 @@
 Before any of the learner's code runs, `Snapshot.take()` keeps every function, class and
 module that the course's modules hold, and those of the torch, triton and standard-library
 modules the checks and the timer use (for classes, their methods too), and which module
-object `sys.modules` gives for each name. `Snapshot.changes()` lists what is no longer the
-same object: a checker replaced with `setattr` or by assignment, a module swapped in
-`sys.modules`, `torch.allclose` or `torch.testing.assert_close` replaced,
-`time.perf_counter` or `torch.cuda.Event.elapsed_time` patched, a builtin replaced.
-Attributes added later, and values that are not functions, classes or modules (a cached
-number, a setting), are not compared: honest code and the libraries themselves change those.
+object `sys.modules` gives for each name. It also keeps the course's settings: every other
+value its modules and classes hold (a frozenset of names, a tuple of packages, a number, a
+dict of advice), each by identity and by a digest of its contents, so that rebinding one
+and changing one in place both show. `Snapshot.changes()` lists what is no longer the same:
+a checker replaced with `setattr` or by assignment, a module swapped in `sys.modules`,
+`torch.allclose` or `torch.testing.assert_close` replaced, `time.perf_counter` or
+`torch.cuda.Event.elapsed_time` patched, a builtin replaced, a setting of the course
+rebound or refilled. Attributes added later, and the settings of torch, triton and the
+standard library, are not compared: honest code and the libraries themselves change those;
+nor are the few settings of the course that honest runs change (`CHANGING_SETTINGS`, each
+with why). A cache the course fills as it runs and decides by (`kernel_records._seen`) is
+checked entry by entry against what the course would have put there.
 
 This runs in the process the learner's code runs in, so it is a tripwire, not a wall: code
-written to find and rewrite the snapshot itself can hide from it. What decides the points
-(the inputs, the references, the comparison) never runs there.
+written to find the snapshot can still hide from it. Open: a snapshot rebuilt whole with
+its seal computed again (the seal only shows a snapshot patched by code that does not
+know it), or a `Snapshot.changes` replaced by one that sees nothing; a change made and
+undone within one call; the changes already reported, which the learner's server keeps;
+a value reached only through an object kept by identity (a library object's attributes);
+and the settings left out (`lab_sweeps._audit_hook_added` set before the first watch
+keeps that watch's audit hook out). What decides the points (the inputs, the references,
+the comparison) never runs there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import inspect
 import os
 import sys
 import types
@@ -36,7 +51,8 @@ WATCHED_MODULES = (
     "triton", "triton.runtime", "triton.runtime.jit", "triton.runtime.interpreter",
     "triton.runtime.autotuner", "triton.testing",
 )
-# Packages all of whose loaded modules are kept: the course itself.
+# Packages all of whose loaded modules are kept: the course itself. Their settings (values
+# that are not functions, classes or modules) are kept too, and those of their classes.
 WATCHED_PACKAGES = ("course",)
 # Classes whose own methods are kept, by "module:qualified name" (classes defined in the
 # course's modules are added to these).
@@ -50,6 +66,35 @@ WATCHED_CLASSES = (
 # Environment variables that decide how the checks run.
 WATCHED_ENVIRONMENT = ("COURSE_GRADING", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
 
+# Settings of the course that honest runs change between one reply and the next, by name:
+# not compared, and why. (Honest grading without a GPU changes none of the others at a
+# reply: the stacks of watches and guards are empty again, the fence is None again.)
+CHANGING_SETTINGS = {
+    "course.gpu_lock._files": "the lock files this process opened, at its first timing",
+    "course.gpu_lock.waited": "seconds this process waited for the GPU lock: a running count",
+    "course.verify.gpu_lane._driver_lib": "the CUDA driver, loaded at the first mailbox",
+    "course.lab_sweeps._audit_hook_added": "set once, by the first watch of the records' reads",
+}
+# Attributes every module or class has that are not the course's settings.
+_NOT_SETTINGS = frozenset({
+    "__builtins__",    # the builtins' namespace: its functions are kept by identity
+    "__dict__", "__weakref__", "__doc__",
+    "_abc_impl",       # abc's cache of subclasses seen, filled by isinstance
+    "__abstractmethods__", "__parameters__", "__orig_bases__",
+})
+# Caches the checks decide by whose contents are settings all the same: the snapshot calls
+# each once (filling it, from the course's data files) and keeps what it returns.
+CACHED_SETTINGS = ("course.kernel_records.shipped_fingerprints", "course.kernel_records._plans")
+# The cache of fingerprints seen (function -> (its code, the reference kernel it copies or
+# None)), which the course-kernel refusal reads: honest checks fill it, so each entry is
+# checked against a fingerprint computed again, never compared with the snapshot's.
+KERNELS_SEEN = "course.kernel_records._seen"
+
+# How deep a setting's contents are followed; past it, objects count by identity.
+_DEPTH = 8
+# Values compared by value: immutable and of these exact types.
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
+
 
 def _kept(value: object) -> bool:
     return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -59,11 +104,14 @@ def _kept(value: object) -> bool:
         or callable(value) and type(value).__module__.startswith(("torch", "triton", "course"))
 
 
+def _in_packages(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in WATCHED_PACKAGES)
+
+
 def _modules() -> dict[str, types.ModuleType]:
     found = {name: sys.modules[name] for name in WATCHED_MODULES if name in sys.modules}
     for name, module in list(sys.modules.items()):
-        if isinstance(module, types.ModuleType) and any(
-                name == p or name.startswith(p + ".") for p in WATCHED_PACKAGES):
+        if isinstance(module, types.ModuleType) and _in_packages(name):
             found[name] = module
     return found
 
@@ -97,56 +145,207 @@ def _insides(value: object) -> tuple | None:
     return function.__code__, function.__defaults__, function.__kwdefaults__
 
 
-class Snapshot:
-    """What the checks rely on, by identity, at one moment: each object, and for a
-    function what it runs."""
+def _contents(value: object, held: list, depth: int = 0) -> object:
+    """A setting's contents as nested tuples of plain values, for a digest: containers and
+    the course's own objects (an Exercise, a Case) item by item, anything else by identity
+    (and held in `held`, so that its id is not reused while the snapshot lives)."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if depth < _DEPTH:
+        if kind in (tuple, list):
+            return kind.__name__, tuple(_contents(v, held, depth + 1) for v in value)
+        if kind in (set, frozenset):
+            return kind.__name__, tuple(sorted(repr(_contents(v, held, depth + 1))
+                                               for v in value))
+        if isinstance(value, (dict, types.MappingProxyType)):
+            return kind.__name__, tuple((_contents(k, held, depth + 1),
+                                         _contents(v, held, depth + 1))
+                                        for k, v in list(value.items()))
+        if kind.__module__.split(".")[0] in WATCHED_PACKAGES and not _kept(value):
+            if dataclasses.is_dataclass(value):
+                fields = {f.name: getattr(value, f.name, None)
+                          for f in dataclasses.fields(value)}
+            else:
+                fields = dict(getattr(value, "__dict__", {}))
+            return kind.__qualname__, id(value), _contents(fields, held, depth + 1)
+    held.append(value)
+    return "object", kind.__qualname__, id(value)
 
-    def __init__(self, entries: dict[str, object], environment: dict[str, str | None]):
-        self._entries = entries
-        self._insides = {name: _insides(value) for name, value in entries.items()}
-        self._environment = environment
+
+def _digest(value: object, held: list) -> str:
+    return hashlib.sha256(repr(_contents(value, held)).encode()).hexdigest()
+
+
+def _settings_of(owner: object) -> dict[str, object]:
+    """A module's or a class's own values that are not functions, classes or modules."""
+    return {attr: value for attr, value in list(vars(owner).items())
+            if attr not in _NOT_SETTINGS and not _kept(value)}
+
+
+def _copied_from_now(function: object) -> tuple[bool, str | None]:
+    """Whether the reference kernel that `function` copies can be found now, and which (the
+    course's own `kernel_records.copied_from`, without its cache)."""
+    from course import kernel_records
+
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False, None
+    return True, kernel_records.shipped_fingerprints().get(
+        kernel_records.fingerprint(source) or "")
+
+
+def _unfounded_kernels_seen(seen: object, checked: dict[int, tuple[object, object]]
+                            ) -> list[str]:
+    """Entries of kernel_records' cache that say other than its fingerprint does now (an
+    entry whose code is no longer the function's is not read, and not checked); those found
+    right are added to `checked`."""
+    found = []
+    for function, entry in list(getattr(seen, "items", list)()):
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            found.append(f"an entry for {getattr(function, '__qualname__', function)!r}")
+            continue
+        if entry[0] is not getattr(function, "__code__", None):
+            continue
+        if (kept := checked.get(id(entry[0]))) and kept[0] is entry[0] and kept[1] == entry[1]:
+            continue
+        try:
+            readable, copied = _copied_from_now(function)
+        except Exception:  # a key that is not a function the course put there
+            readable, copied = False, None
+        if not readable or copied != entry[1]:
+            found.append(f"the entry for {getattr(function, '__qualname__', function)!r}")
+        else:
+            checked[id(entry[0])] = entry
+    return found
+
+
+def _watched() -> tuple[dict[str, object], dict[str, object]]:
+    """Every function, class and module kept, by name; and the course's modules and classes
+    whose settings are kept, by the prefix of their settings' names."""
+    entries: dict[str, object] = {}
+    owners: dict[str, object] = {}
+    classes = {spec: cls_ for spec in WATCHED_CLASSES if (cls_ := _resolve(spec))}
+    for name, module in _modules().items():
+        entries[f"sys.modules[{name!r}]"] = module
+        course = _in_packages(name)
+        if course:
+            owners[name] = module
+        for attr, value in list(vars(module).items()):
+            if _kept(value):
+                entries[f"{name}.{attr}"] = value
+            if isinstance(value, type) and value.__module__ == name and course:
+                classes[f"{name}:{value.__qualname__}"] = value
+    for spec, class_ in classes.items():
+        entries[f"class {spec}"] = class_
+        prefix = spec.replace(":", ".")
+        if _in_packages(class_.__module__):
+            owners[prefix] = class_
+        for attr, value in list(vars(class_).items()):
+            if _kept(value):
+                entries[f"{prefix}.{attr}"] = value
+    return entries, owners
+
+
+class Snapshot:
+    """What the checks rely on, at one moment: each object by identity, for a function what
+    it runs, for a setting a digest of its contents; sealed, so that a snapshot changed in
+    place after `take()` says so."""
+
+    __slots__ = ("_entries", "_settings", "_environment", "_held", "_seal", "_kernels_checked")
+
+    def __init__(self, entries: dict[str, object], settings: dict[str, tuple[object, object]],
+                 environment: dict[str, str | None]):
+        # Tuples, not dicts: what is kept cannot be changed in place, only rebound, which
+        # the seal shows.
+        self._entries = tuple((name, value, _insides(value)) for name, value in entries.items())
+        held: list = []
+        self._settings = tuple((name, owner, value, _digest(value, held))
+                               for name, (owner, value) in settings.items())
+        self._held = tuple(held)
+        self._environment = tuple(environment.items())
+        self._seal = self._sealed()
+        # Entries of kernel_records' cache found right, by id of their code (held here):
+        # a fingerprint is computed once per kernel, not at every reply.
+        self._kernels_checked: dict[int, tuple[object, object]] = {}
+
+    def _sealed(self) -> str:
+        """A digest of everything the snapshot keeps (identities, digests, values)."""
+        kept = (
+            tuple((name, id(value), tuple(map(id, insides or ())))
+                  for name, value, insides in self._entries),
+            tuple((name, id(owner), id(value), digest)
+                  for name, owner, value, digest in self._settings),
+            tuple(map(id, self._held)), self._environment,
+        )
+        return hashlib.sha256(repr(kept).encode()).hexdigest()
 
     @classmethod
     def take(cls) -> Snapshot:
-        entries: dict[str, object] = {}
-        modules = _modules()
-        classes = {spec: cls_ for spec in WATCHED_CLASSES if (cls_ := _resolve(spec))}
-        for name, module in modules.items():
-            entries[f"sys.modules[{name!r}]"] = module
-            for attr, value in list(vars(module).items()):
-                if _kept(value):
-                    entries[f"{name}.{attr}"] = value
-                if isinstance(value, type) and value.__module__ == name and \
-                        any(name == p or name.startswith(p + ".") for p in WATCHED_PACKAGES):
-                    classes[f"{name}:{value.__qualname__}"] = value
-        for spec, class_ in classes.items():
-            entries[f"class {spec}"] = class_
-            for attr, value in list(vars(class_).items()):
-                if _kept(value):
-                    entries[f"{spec.replace(':', '.')}.{attr}"] = value
+        entries, owners = _watched()
+        settings: dict[str, tuple[object, object]] = {}
+        for prefix, owner in owners.items():
+            for attr, value in _settings_of(owner).items():
+                settings[f"{prefix}.{attr}"] = (owner, value)
+        for name in CACHED_SETTINGS:
+            cache = settings.get(name, (None, None))[1]
+            if callable(cache):
+                settings[f"{name}()"] = (cache, cache())
+        for name in (*CHANGING_SETTINGS, KERNELS_SEEN):
+            settings.pop(name, None)
         environment = {name: os.environ.get(name) for name in WATCHED_ENVIRONMENT}
-        return cls(entries, environment)
+        return cls(entries, settings, environment)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) + len(self._settings)
 
     def changes(self) -> list[Change]:
         """What differs now from when the snapshot was taken."""
-        now = Snapshot.take()._entries
         found = []
-        for name, value in self._entries.items():
+        if self._sealed() != self._seal:
+            found.append(Change("the tamper check's own snapshot",
+                                "changed after it was taken"))
+        now, _ = _watched()
+        for name, value, kept in self._entries:
             if now.get(name) is not value:
                 found.append(Change(name, "replaced" if name in now else "replaced or deleted"))
                 continue
-            kept, current = self._insides[name], _insides(value)
+            current = _insides(value)
             if kept is not None and any(a is not b for a, b in zip(kept, current, strict=True)):
                 found.append(Change(name, "rewritten (its __code__ or defaults replaced)"))
-        for name, value in self._environment.items():
+        for name, owner, value, digest in self._settings:
+            missing = object()
+            if name.endswith("()"):
+                try:
+                    current = owner() if callable(owner) else missing
+                except Exception:  # a cache emptied, and its file refused now
+                    current = missing
+            else:
+                current = vars(owner).get(name.rpartition(".")[2], missing)
+            if current is missing:
+                found.append(Change(name, "deleted"))
+            elif current is not value:
+                found.append(Change(name, "replaced (a setting the checks read)"))
+            elif _digest(value, []) != digest:
+                found.append(Change(name, "changed in place (a setting the checks read)"))
+        found += self._kernels_seen_changes()
+        for name, value in self._environment:
             current = os.environ.get(name)
             if current != value:
                 found.append(Change(f"the environment variable {name}",
                                     f"changed from {value!r} to {current!r}"))
         return found
+
+    def _kernels_seen_changes(self) -> list[Change]:
+        module_name, _, attr = KERNELS_SEEN.rpartition(".")
+        module = sys.modules.get(module_name)
+        if module is None:
+            return []
+        return [Change(f"{KERNELS_SEEN}: {what}",
+                       "not what its fingerprint says (a course kernel's refusal reads it)")
+                for what in _unfounded_kernels_seen(vars(module).get(attr),
+                                                       self._kernels_checked)]
 
 
 def describe(changes: list[Change], limit: int = 5) -> str:
