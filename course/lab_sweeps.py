@@ -26,6 +26,7 @@ import csv
 import functools
 import math
 import os
+import pathlib
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -67,7 +68,6 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # One list per reads_watched() in progress; each read of the records is noted in every one.
 _WATCHES: list[list[str]] = []
 _RECORD_FILES = frozenset(path.name for path in SWEEP_FILES.values())
-_audit_hook_added = False
 
 
 def _note(what: str) -> None:
@@ -78,10 +78,19 @@ def _note(what: str) -> None:
 
 def _audit(event: str, args: tuple) -> None:
     """Note a sweep's file opened (by open(), pathlib, csv, NumPy, pandas, ...)."""
-    if event == "open" and _WATCHES and args and isinstance(args[0], (str, bytes, os.PathLike)):
-        name = os.path.basename(os.fsdecode(args[0]))
+    if event != "open" or not _WATCHES or not args:
+        return
+    # Exact types only: a subclass's or a path object's own code would run inside the hook.
+    kind = type(args[0])
+    if kind is str or kind is bytes or kind is pathlib.PosixPath or kind is pathlib.Path:
+        name = os.path.basename(os.fsdecode(os.fspath(args[0])))
         if name in _RECORD_FILES:
             _note(f"the file {name}")
+
+
+# Added as the module is imported, not at the first watch: a flag saying "added" could be
+# set by other code first. An audit hook stays for the process.
+sys.addaudithook(_audit)
 
 
 @contextlib.contextmanager
@@ -91,10 +100,6 @@ def reads_watched() -> Iterator[list[str]]:
     any SweepPoint (the records, wherever they were kept), "the file lab-sweep-h100.csv"
     for a sweep's file opened. A tripwire in the process it runs in, as course.verify.tamper
     is: code written to hide from it can."""
-    global _audit_hook_added
-    if not _audit_hook_added:  # an audit hook stays for the process: added once, if needed
-        sys.addaudithook(_audit)
-        _audit_hook_added = True
     found: list[str] = []
     if not _WATCHES:  # the points' fields are watched only while a watch is on: free else
         SweepPoint.__getattribute__ = _watched_field

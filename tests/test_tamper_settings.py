@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import course.check  # noqa: F401  (every checker module, as the learner's process has them)
-from course import gpu_lock, kernel_records, lab_sweeps
+from course import gpu_lock, kernel_records
 from course.check import guards, sandbox, torch_reference
 from course.verify import tamper
 
@@ -106,11 +106,9 @@ def test_what_honest_runs_change_is_not_tampering(monkeypatch):
     course.check.rmsnorm_forward(kernels.correct, quiet=True)
     with guards.guarded(guards.REFUSE_BUILT_IN_RMSNORM):
         pass
-    # A timing on a GPU counts its wait for the lock, and keeps the lock's file open; the
-    # first watch of the recorded sweeps adds its audit hook.
+    # A timing on a GPU counts its wait for the lock, and keeps the lock's file open.
     monkeypatch.setitem(gpu_lock.waited, "shared", gpu_lock.waited["shared"] + 1.5)
     monkeypatch.setitem(gpu_lock._files, "/tmp/a-lock-file", -1)
-    monkeypatch.setattr(lab_sweeps, "_audit_hook_added", True)
     assert _found(snapshot) == []
 
 

@@ -54,3 +54,60 @@ def test_code_compiled_under_a_trusted_name_is_refused(tmp_path):
         "compile as a cell": "allowed",
         "a standard-library module's own text": "allowed",
     }, found
+
+
+OBJECTS_OF_ITS_OWN = '''
+import os, sys
+called = []
+
+
+def note(what):  # only where the walls' own code is the caller
+    if sys._getframe(2).f_code.co_filename.endswith("walls.py"):
+        called.append(what)
+
+
+class Text(str):
+    def __hash__(self):
+        note("hash")
+        return str.__hash__(self)
+
+    def __eq__(self, other):
+        note("eq")
+        return str.__eq__(self, other)
+
+    def startswith(self, *args):
+        note("startswith")
+        return str.startswith(self, *args)
+
+
+class OwnPath:
+    def __fspath__(self):
+        note("fspath")
+        return os.devnull
+
+
+def set_code_by_a_text_name():
+    def f():
+        pass
+    setattr(f, Text("__code__"), (lambda: None).__code__)
+
+
+attempt("open a path object of its own", lambda: open(OwnPath()).close())
+attempt("write a setting's file named by a str subclass",
+        lambda: open(Text(os.path.join(sys.prefix, "own.pth")), "w"))
+attempt("a plain path object", lambda: open(__import__("pathlib").Path(os.devnull)).close())
+set_code_by_a_text_name()
+results["the submission's methods run inside the hook"] = sorted(set(called))
+'''
+
+
+def test_the_hook_runs_no_method_of_the_submissions_objects(tmp_path):
+    """An object's own methods (a str subclass's __hash__ or startswith, a __fspath__) would
+    run inside the hook, one frame from what it keeps: it reads their text without them."""
+    found = _probe(OBJECTS_OF_ITS_OWN, tmp_path)
+    assert found["results"] == {
+        "open a path object of its own": "allowed",  # open converts it: the hook sees text
+        "write a setting's file named by a str subclass": "refused",
+        "a plain path object": "allowed",
+        "the submission's methods run inside the hook": [],
+    }, found

@@ -271,7 +271,10 @@ class LearnerProcess:
         except BaseException:
             self._interrupt()
             raise
-        self.new_tampering = list(reply.get("tampering", []))
+        # Every change the learner's process sees now: which are new is decided here, where
+        # its code cannot mark one as already reported.
+        now = [str(c) for c in reply.get("tampering", [])]
+        self.new_tampering = [c for c in dict.fromkeys(now) if c not in self.tampering]
         self.tampering += self.new_tampering
         return reply
 

@@ -20,10 +20,9 @@ This runs in the process the learner's code runs in, so it is a tripwire, not a 
 written to find the snapshot can still hide from it. Open: a snapshot rebuilt whole with
 its seal computed again (the seal only shows a snapshot patched by code that does not
 know it), or a `Snapshot.changes` replaced by one that sees nothing; a change made and
-undone within one call; the changes already reported, which the learner's server keeps;
-a value reached only through an object kept by identity (a library object's attributes);
-and the settings left out (`lab_sweeps._audit_hook_added` set before the first watch
-keeps that watch's audit hook out). What decides the points (the inputs, the references,
+undone within one call; a value reached only through an object kept by identity (a
+library object's attributes). (The learner's process sends every change with each reply;
+the verifier tells which are new.) What decides the points (the inputs, the references,
 the comparison) never runs there.
 """
 
@@ -73,7 +72,6 @@ CHANGING_SETTINGS = {
     "course.gpu_lock._files": "the lock files this process opened, at its first timing",
     "course.gpu_lock.waited": "seconds this process waited for the GPU lock: a running count",
     "course.verify.gpu_lane._driver_lib": "the CUDA driver, loaded at the first mailbox",
-    "course.lab_sweeps._audit_hook_added": "set once, by the first watch of the records' reads",
 }
 # Attributes every module or class has that are not the course's settings.
 _NOT_SETTINGS = frozenset({

@@ -46,10 +46,12 @@ from __future__ import annotations
 
 import getpass
 import os
+import pathlib
 import shutil
 import sys
 import sysconfig
 import tempfile
+import types
 from pathlib import Path
 
 DENIED_ENV = "COURSE_WALLS_DENY"  # folders to deny besides the checkout's, os.pathsep-separated
@@ -162,14 +164,44 @@ def _folder(path: str | Path) -> str:
     return os.path.realpath(path).rstrip(os.sep) + os.sep
 
 
+# Path objects whose __fspath__ is the standard library's (exact types: a subclass's is not).
+# Types here are compared by identity alone: `==`, `in` and hashing can run a metaclass's.
+_PATH_TYPES = (pathlib.PurePath, pathlib.PurePosixPath, pathlib.PureWindowsPath,
+               pathlib.Path, pathlib.PosixPath, pathlib.WindowsPath)
+
+
+def _one_of(kind: type, types_: tuple) -> bool:
+    return any(kind is t for t in types_)
+OWN_OBJECT = "<an object of the submission's own>"  # _text's answer for one it cannot read
+
+
+def _text(value: object) -> str | None:
+    """A name or path as a plain str, read without running code of the value's own (the hook
+    would run it with the hook's frame one step up: a str subclass's methods, a
+    __fspath__): None for what is neither text nor a path, OWN_OBJECT for an object whose
+    text only its own code could give."""
+    kind = type(value)  # never isinstance: it reads the value's own __class__
+    if kind is str or kind is bytes:
+        return os.fsdecode(value)
+    if _one_of(kind, _PATH_TYPES):
+        return os.fspath(value)
+    mro = type.__getattribute__(kind, "__mro__")  # not through a metaclass of its own
+    for base in (str, bytes):
+        if _one_of(base, mro):  # a subclass: its characters, through the base's own slot
+            return os.fsdecode(base.__getitem__(value, slice(None)))
+    own = any("__fspath__" in type.__getattribute__(k, "__dict__") for k in mro)
+    return OWN_OBJECT if own else None
+
+
 def _path_of(value: object) -> str | None:
-    if isinstance(value, (str, bytes, os.PathLike)):
-        try:
-            path = os.fsdecode(value)
-        except (TypeError, ValueError):
-            return None
+    """The real path `value` names (OWN_OBJECT kept as it is), or None."""
+    path = _text(value)
+    if path is None or path == OWN_OBJECT:
+        return path
+    try:
         return os.path.realpath(path) if path not in ("", ":memory:") else None
-    return None
+    except ValueError:  # a NUL byte: the call itself fails
+        return None
 
 
 def _denied_path(path: str, denied: tuple[str, ...]) -> str | None:
@@ -189,17 +221,18 @@ def _writes(args: tuple) -> bool:
     """Whether an "open" event's (path, mode, flags) opens for writing."""
     mode = args[1] if len(args) > 1 else None
     flags = args[2] if len(args) > 2 else 0
-    if isinstance(mode, str):
+    if type(mode) is str:
         return any(c in mode for c in "wax+")
-    return isinstance(flags, int) and bool(flags & WRITE_FLAGS)
+    return type(flags) is int and bool(flags & WRITE_FLAGS)
 
 
 def _same_as_file(data: object, path: str | None, skip: int = 0) -> bool:
     """Whether `data` (source or bytecode) is the text of the file at `path` (past `skip`
     bytes of header)."""
-    if path is None or not isinstance(data, (bytes, bytearray, memoryview, str)):
+    if path is None or path == OWN_OBJECT or \
+            not _one_of(type(data), (bytes, bytearray, memoryview, str)):
         return False
-    want = data.encode() if isinstance(data, str) else bytes(data)
+    want = data.encode() if type(data) is str else bytes(data)
     try:
         with open(path, "rb") as f:  # a trusted folder's file: reading it is not refused
             return f.read()[skip:] == want
@@ -220,10 +253,11 @@ def _trusted_bytecode(places: _Places, data: object) -> bool:
 
 
 def _program(argv: object) -> list[str] | None:
-    try:
-        return [os.fsdecode(a) for a in argv]
-    except TypeError:
-        return None
+    """The program's arguments as plain text; None where any is not text or a path."""
+    if not _one_of(type(argv), (list, tuple)):
+        argv = [argv]
+    texts = [_text(a) for a in argv]
+    return None if any(t is None or t == OWN_OBJECT for t in texts) else texts
 
 
 def _installed(program: str, places: _Places) -> bool:
@@ -253,7 +287,9 @@ def _program_allowed(argv: list[str] | None, asker: int, places: _Places) -> boo
 
 
 def _guarded_function(target: object) -> bool:
-    module = getattr(target, "__module__", None) or ""
+    if type(target) is not types.FunctionType:  # nothing else has code to rewrite
+        return False
+    module = target.__module__ or ""
     return module.split(".")[0] in CORE or module in GUARDED_MODULES
 
 
@@ -297,6 +333,8 @@ def install() -> None:
     def hook(event: str, args: tuple) -> None:
         if event in ("open", "sqlite3.connect"):
             path = _path_of(args[0]) if args else None
+            if path == OWN_OBJECT:
+                refuse(f"opening a path given as {type(args[0]).__name__}, {path}")
             why = _denied_path(path, places.denied) if path else None
             if why:
                 refuse(f"reading {path} ({why})")
@@ -306,6 +344,8 @@ def install() -> None:
         elif event in FILE_CHANGES:
             for at in FILE_CHANGES[event]:
                 path = _path_of(args[at]) if len(args) > at else None
+                if path == OWN_OBJECT:
+                    refuse(f"{event} on a path given as {path}")
                 if path and path.startswith(places.kept) and places.asker() != TRUSTED:
                     refuse(f"{event} on {path} (where trusted code is kept)")
         elif event in PROGRAM_EVENTS:
@@ -320,14 +360,17 @@ def install() -> None:
         elif event in MARSHAL_EVENTS:
             if places.asker() == NONE and not _trusted_bytecode(places, args[0] if args else None):
                 refuse(f"{event} from the submission's code")
-        elif event == "object.__setattr__" and len(args) > 1 and args[1] in REWRITES:
+        elif event == "object.__setattr__" and len(args) > 1 and type(args[1]) is str and \
+                args[1] in REWRITES:
             if _guarded_function(args[0]) and places.asker() != TRUSTED:
                 refuse(f"rewriting {getattr(args[0], '__qualname__', args[0])!s}.{args[1]}")
-        elif event == "object.__getattr__" and len(args) > 1 and args[1] in REWRITES:
-            if (id(args[0]) in guarded or getattr(args[0], "__module__", None) == __name__) \
-                    and places.asker() != TRUSTED:
+        elif event == "object.__getattr__" and len(args) > 1 and type(args[1]) is str and \
+                args[1] in REWRITES:
+            if (id(args[0]) in guarded or type(args[0]) is types.FunctionType and
+                    args[0].__module__ == __name__) and places.asker() != TRUSTED:
                 refuse(f"reading {args[1]} of the grading's {args[0].__qualname__}")
-        elif event == "object.__getattr__" and len(args) > 1 and args[1] == "tb_frame":
+        elif event == "object.__getattr__" and len(args) > 1 and type(args[1]) is str and \
+                args[1] == "tb_frame":
             # A refusal's traceback holds this hook's frame, whose locals are what it keeps.
             # (Its own read, just below, comes back here from its own frame: let through.)
             if sys._getframe(1).f_code is not own_code and \
@@ -335,8 +378,8 @@ def install() -> None:
                     places.asker() != TRUSTED:
                 refuse("reading a frame of the walls' code from a traceback")
         elif event in ("compile", "code.__new__") and len(args) > 1:
-            name = os.fsdecode(args[1]) if isinstance(args[1], (str, bytes)) else ""
-            path = _path_of(name) if name and os.path.isabs(name) else None
+            name = _text(args[1]) or ""
+            path = _path_of(name) if name != OWN_OBJECT and os.path.isabs(name) else None
             # Code compiled under a trusted file's name would pass for that file's (the
             # asker is known by file names); under "<frozen ...>", be skipped as importlib's.
             if path and (path + os.sep).startswith(places.core) and \
@@ -346,7 +389,7 @@ def install() -> None:
                     and not _same_as_file(args[0], path)) and places.asker() == NONE:
                 refuse(f"compiling code as {name[:200]}, a name of trusted code")
         elif event in ("os.putenv", "os.unsetenv") and args:
-            key = os.fsdecode(args[0])
+            key = _text(args[0]) or ""
             if key.startswith(WATCHED_ENV_PREFIXES) and places.asker() == NONE:
                 refuse(f"changing the environment variable {key}")
 
