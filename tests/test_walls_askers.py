@@ -93,8 +93,10 @@ def set_code_by_a_text_name():
 
 
 attempt("open a path object of its own", lambda: open(OwnPath()).close())
-attempt("write a setting's file named by a str subclass",
-        lambda: open(Text(os.path.join(sys.prefix, "own.pth")), "w"))
+planted = os.path.join(__import__("sysconfig").get_paths()["purelib"], "course-test-own.pth")
+attempt("write a setting's file named by a str subclass", lambda: open(Text(planted), "w"))
+if os.path.exists(planted):  # written: the test fails, and leaves nothing behind
+    os.remove(planted)
 attempt("a plain path object", lambda: open(__import__("pathlib").Path(os.devnull)).close())
 set_code_by_a_text_name()
 results["the submission's methods run inside the hook"] = sorted(set(called))
