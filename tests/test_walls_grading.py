@@ -177,6 +177,18 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
 '''
 
 
+# The tamper check's own methods and helpers replaced by ones that see nothing, then the
+# replay replaced, and the answer computed in NumPy (the same kernel and wrapper as above).
+_CODE_REWRITTEN = REWRITES_THE_REPLAY[REWRITES_THE_REPLAY.index("try:"):
+                                      REWRITES_THE_REPLAY.index("    pass") + 8]
+SILENCES_THE_TAMPER_CHECK = REWRITES_THE_REPLAY.replace(_CODE_REWRITTEN, '''\
+from course.verify import tamper as _tamper
+
+_tamper.Snapshot.changes = lambda self, *args, **kwargs: []
+_tamper._watched = lambda: ({}, {})
+_replay.repeated = _repeat_by_calling''')
+
+
 SUBMISSIONS = [
     Submission("reads_the_source", CHAPTER, "every answer read from solutions/ at grade time",
                {"ex04_fused_code": READS_THE_SOURCE},
@@ -198,6 +210,10 @@ SUBMISSIONS = [
                "PyTorch's answer for the repeat's inputs, found up the stack, planted in them",
                {"ex04_fused_code": PLANTS_THE_REPEATS_ANSWER},
                ("ex04_fused_correct", "ex04_fused_hidden"), "repeated on new inputs"),
+    Submission("silences_the_tamper_check", CHAPTER,
+               "the tamper check's changes() and _watched() replaced, then the replay",
+               {"ex04_fused_code": SILENCES_THE_TAMPER_CHECK},
+               ("ex04_fused_correct", "ex04_fused_hidden"), "changed what the checks rely on"),
 ]
 
 

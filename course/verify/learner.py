@@ -127,13 +127,6 @@ class Server:
         self.snapshot = tamper.Snapshot.take()  # last: after everything the course imports
         walls.install()  # before any of the submission's code
 
-    def tampering(self) -> list[str]:
-        """Every change since the snapshot and every refusal, with each reply: the verifier
-        tells the new ones (a record of what was reported, kept here, could be filled in
-        ahead by the submission)."""
-        return [str(c) for c in self.snapshot.changes()] + \
-            [f"tried {what}, which was refused" for what in walls.refusals()]
-
     def handle(self, message: dict) -> dict:
         requests = {"run_cell": self.run_cell, "describe": self.describe, "call": self.call,
                     "repeat": self.repeat, "repeat_traced": self.repeat_traced,
@@ -143,9 +136,7 @@ class Server:
         if op not in requests:
             raise ValueError(f"unknown request {op!r}")
         self.reply_lane = bool(message.get("reply_lane")) and self.lane is not None
-        reply = requests[op](message)
-        reply["tampering"] = self.tampering()
-        return reply
+        return requests[op](message)
 
     def mailbox(self, message: dict) -> dict:
         """Map the verifier's new mailbox, in place of the old one."""
@@ -444,8 +435,20 @@ class _Interrupts:
             raise KeyboardInterrupt
 
 
+def _tampering(snapshot: tamper.Snapshot, seal: str, changes, refusals) -> list[str]:
+    """Every change since the snapshot and every refusal, sent with each reply: the verifier
+    tells the new ones (a record of what was reported, kept here, could be filled in ahead)."""
+    return [str(c) for c in changes(snapshot, seal)] + \
+        [f"tried {what}, which was refused" for what in refusals()]
+
+
 def serve(read_fd: int, write_fd: int, interrupt_fd: int, shared_dir: str | None) -> None:
     server = Server()
+    # Held by this frame, whose locals the submission's code cannot rebind, before any of it
+    # runs: the snapshot, its seal, and the functions that compare and report (a class's or
+    # module's attribute replaced later is not what is called).
+    watch = (server.snapshot, server.snapshot.seal, tamper.Snapshot.changes, walls.refusals)
+    tampering = _tampering
     interrupts = _Interrupts(interrupt_fd)
     protocol.write_message(write_fd, {"ready": True, "mode": runtime.MODE,
                                       "snapshot": len(server.snapshot)}, shared_dir)
@@ -464,12 +467,16 @@ def serve(read_fd: int, write_fd: int, interrupt_fd: int, shared_dir: str | None
             interrupts.running = number
             reply = server.handle(message)
         except KeyboardInterrupt:
-            reply = {"error": _error(KeyboardInterrupt("interrupted")), "tampering": []}
+            reply = {"error": _error(KeyboardInterrupt("interrupted"))}
         except Exception:  # a fault of ours: said, and the verifier decides
             reply = {"error": {"type": "VerifierError", "message": traceback.format_exc(),
-                               "frame": "", "fatal": False, "bases": []}, "tampering": []}
+                               "frame": "", "fatal": False, "bases": []}}
         finally:
             interrupts.running = 0
+        try:
+            reply["tampering"] = tampering(*watch)
+        except Exception as exc:  # made to fail: reported as a change itself
+            reply["tampering"] = [f"the tamper check could not run ({type(exc).__name__})"]
         try:
             protocol.write_message(write_fd, reply, shared_dir,
                                    server.lane if server.reply_lane else None)

@@ -246,6 +246,18 @@ def _watched() -> tuple[dict[str, object], dict[str, object]]:
     return entries, owners
 
 
+def _seal_of(snapshot: Snapshot) -> str:
+    """A digest of everything a snapshot keeps (identities, digests, values)."""
+    kept = (
+        tuple((name, id(value), tuple(map(id, insides or ())))
+              for name, value, insides in snapshot._entries),
+        tuple((name, id(owner), id(value), digest)
+              for name, owner, value, digest in snapshot._settings),
+        tuple(map(id, snapshot._held)), snapshot._environment,
+    )
+    return hashlib.sha256(repr(kept).encode()).hexdigest()
+
+
 class Snapshot:
     """What the checks rely on, at one moment: each object by identity, for a function what
     it runs, for a setting a digest of its contents; sealed, so that a snapshot changed in
@@ -263,21 +275,16 @@ class Snapshot:
                                for name, (owner, value) in settings.items())
         self._held = tuple(held)
         self._environment = tuple(environment.items())
-        self._seal = self._sealed()
+        self._seal = _seal_of(self)
         # Entries of kernel_records' cache found right, by id of their code (held here):
         # a fingerprint is computed once per kernel, not at every reply.
         self._kernels_checked: dict[int, tuple[object, object]] = {}
 
-    def _sealed(self) -> str:
-        """A digest of everything the snapshot keeps (identities, digests, values)."""
-        kept = (
-            tuple((name, id(value), tuple(map(id, insides or ())))
-                  for name, value, insides in self._entries),
-            tuple((name, id(owner), id(value), digest)
-                  for name, owner, value, digest in self._settings),
-            tuple(map(id, self._held)), self._environment,
-        )
-        return hashlib.sha256(repr(kept).encode()).hexdigest()
+    @property
+    def seal(self) -> str:
+        """The digest of what it kept, taken with it: hold it apart from the snapshot and
+        hand it to `changes` (one changed in place and sealed again then shows)."""
+        return self._seal
 
     @classmethod
     def take(cls) -> Snapshot:
@@ -298,10 +305,15 @@ class Snapshot:
     def __len__(self) -> int:
         return len(self._entries) + len(self._settings)
 
-    def changes(self) -> list[Change]:
-        """What differs now from when the snapshot was taken."""
+    # What it calls is bound here, as it is defined: a module's function rebound later (one
+    # that reports nothing) is not called; rewriting these defaults is refused by the walls.
+    def changes(self, seal: str | None = None, *, _watched=_watched, _insides=_insides,
+                _digest=_digest, _seal_of=_seal_of, _unfounded=_unfounded_kernels_seen
+                ) -> list[Change]:
+        """What differs now from when the snapshot was taken. `seal`: its `seal` as taken,
+        kept apart from it (by default, the one it keeps itself)."""
         found = []
-        if self._sealed() != self._seal:
+        if _seal_of(self) != (self._seal if seal is None else seal):
             found.append(Change("the tamper check's own snapshot",
                                 "changed after it was taken"))
         now, _ = _watched()
@@ -327,23 +339,18 @@ class Snapshot:
                 found.append(Change(name, "replaced (a setting the checks read)"))
             elif _digest(value, []) != digest:
                 found.append(Change(name, "changed in place (a setting the checks read)"))
-        found += self._kernels_seen_changes()
+        module_name, _, attr = KERNELS_SEEN.rpartition(".")
+        module = sys.modules.get(module_name)
+        if module is not None:
+            found += [Change(f"{KERNELS_SEEN}: {what}", "not what its fingerprint says (a "
+                             "course kernel's refusal reads it)")
+                      for what in _unfounded(vars(module).get(attr), self._kernels_checked)]
         for name, value in self._environment:
             current = os.environ.get(name)
             if current != value:
                 found.append(Change(f"the environment variable {name}",
                                     f"changed from {value!r} to {current!r}"))
         return found
-
-    def _kernels_seen_changes(self) -> list[Change]:
-        module_name, _, attr = KERNELS_SEEN.rpartition(".")
-        module = sys.modules.get(module_name)
-        if module is None:
-            return []
-        return [Change(f"{KERNELS_SEEN}: {what}",
-                       "not what its fingerprint says (a course kernel's refusal reads it)")
-                for what in _unfounded_kernels_seen(vars(module).get(attr),
-                                                       self._kernels_checked)]
 
 
 def describe(changes: list[Change], limit: int = 5) -> str:
