@@ -16,14 +16,15 @@ nor are the few settings of the course that honest runs change (`CHANGING_SETTIN
 with why). A cache the course fills as it runs and decides by (`kernel_records._seen`) is
 checked entry by entry against what the course would have put there.
 
-This runs in the process the learner's code runs in, so it is a tripwire, not a wall: code
-written to find the snapshot can still hide from it. Open: a snapshot rebuilt whole with
-its seal computed again (the seal only shows a snapshot patched by code that does not
-know it), or a `Snapshot.changes` replaced by one that sees nothing; a change made and
+This runs in the process the learner's code runs in, so it is a tripwire, not a wall. The
+learner's serve loop holds the snapshot, its seal and `Snapshot.changes` in its own frame
+from before any of the submission's code runs, and `changes` binds its helpers as it is
+defined, so rebinding them, or patching the snapshot and sealing it again, shows. It sends
+every change with each reply; the verifier tells which are new. Open: a change made and
 undone within one call; a value reached only through an object kept by identity (a
-library object's attributes). (The learner's process sends every change with each reply;
-the verifier tells which are new.) What decides the points (the inputs, the references,
-the comparison) never runs there.
+library object's attributes); code that rewrites the objects the snapshot holds through
+native code. What decides the points (the inputs, the references, the comparison) never
+runs there.
 """
 
 from __future__ import annotations
