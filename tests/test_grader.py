@@ -57,7 +57,7 @@ from grader_submissions import (  # noqa: E402  (after the skips above)
 )
 
 SHORT_LIMIT_CHAPTERS = ("ch02_roofline",)  # every legitimate cell takes a few seconds at most
-SHORT_TIMEOUT_S = 10                       # so a hang there costs 10 s, not the default 300
+SHORT_TIMEOUT_S = 20                       # so a hang there costs 20 s, not the default 300
 LONG_TIMEOUT_S = 180                       # elsewhere: an unexpected hang still ends
 NEEDS_GPU = "needs a GPU"  # in each speed checker's message without a GPU
 # The expected points below are those of interpreter mode (speed cells fail); on a GPU the

@@ -40,7 +40,7 @@ from grader_submissions import (  # noqa: E402  (after the skip above)
     write_inbox,
 )
 
-CELL_TIMEOUT_S = 10  # every legitimate cell of these chapters takes seconds in the interpreter
+CELL_TIMEOUT_S = 20  # every legitimate cell of these chapters takes seconds in the interpreter
 CLASS = [s for s in SHORT_LIMIT_SUBMISSIONS if s.chapter == "ch02_roofline"
          and s.student in ("correct", "mistakes_b", "mistakes_d")] + \
     [s for s in CH04_CHEATS if s.student == "setattr"] + [Submission("correct", "ch04_fused")]

@@ -172,7 +172,20 @@ def _contents(value: object, held: list, depth: int = 0) -> object:
     return "object", kind.__qualname__, id(value)
 
 
-def _digest(value: object, held: list) -> str:
+def _immutable(value: object, depth: int = 0) -> bool:
+    """Whether nothing in `value` can change in place (plain values, and tuples and
+    frozensets of them): its identity then says all a digest would."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return True
+    return depth < _DEPTH and kind in (tuple, frozenset) and \
+        all(_immutable(v, depth + 1) for v in value)
+
+
+def _digest(value: object, held: list) -> str | None:
+    """A digest of a setting's contents; None for one that cannot change in place."""
+    if _immutable(value):
+        return None
     return hashlib.sha256(repr(_contents(value, held)).encode()).hexdigest()
 
 
@@ -247,16 +260,10 @@ def _watched() -> tuple[dict[str, object], dict[str, object]]:
     return entries, owners
 
 
-def _seal_of(snapshot: Snapshot) -> str:
-    """A digest of everything a snapshot keeps (identities, digests, values)."""
-    kept = (
-        tuple((name, id(value), tuple(map(id, insides or ())))
-              for name, value, insides in snapshot._entries),
-        tuple((name, id(owner), id(value), digest)
-              for name, owner, value, digest in snapshot._settings),
-        tuple(map(id, snapshot._held)), snapshot._environment,
-    )
-    return hashlib.sha256(repr(kept).encode()).hexdigest()
+def _seal_of(snapshot: Snapshot) -> tuple:
+    """What a snapshot keeps, as the very tuples it keeps it in: tuples cannot be changed in
+    place, so a snapshot patched after it was taken holds other tuples than these."""
+    return snapshot._entries, snapshot._settings, snapshot._held, snapshot._environment
 
 
 class Snapshot:
@@ -282,9 +289,9 @@ class Snapshot:
         self._kernels_checked: dict[int, tuple[object, object]] = {}
 
     @property
-    def seal(self) -> str:
-        """The digest of what it kept, taken with it: hold it apart from the snapshot and
-        hand it to `changes` (one changed in place and sealed again then shows)."""
+    def seal(self) -> tuple:
+        """What it kept, as taken: hold it apart from the snapshot and hand it to `changes`
+        (a snapshot patched and sealed again then shows)."""
         return self._seal
 
     @classmethod
@@ -308,13 +315,14 @@ class Snapshot:
 
     # What it calls is bound here, as it is defined: a module's function rebound later (one
     # that reports nothing) is not called; rewriting these defaults is refused by the walls.
-    def changes(self, seal: str | None = None, *, _watched=_watched, _insides=_insides,
+    def changes(self, seal: tuple | None = None, *, _watched=_watched, _insides=_insides,
                 _digest=_digest, _seal_of=_seal_of, _unfounded=_unfounded_kernels_seen
                 ) -> list[Change]:
         """What differs now from when the snapshot was taken. `seal`: its `seal` as taken,
         kept apart from it (by default, the one it keeps itself)."""
         found = []
-        if _seal_of(self) != (self._seal if seal is None else seal):
+        kept = self._seal if seal is None else seal
+        if any(a is not b for a, b in zip(_seal_of(self), kept, strict=True)):
             found.append(Change("the tamper check's own snapshot",
                                 "changed after it was taken"))
         now, _ = _watched()
@@ -338,7 +346,7 @@ class Snapshot:
                 found.append(Change(name, "deleted"))
             elif current is not value:
                 found.append(Change(name, "replaced (a setting the checks read)"))
-            elif _digest(value, []) != digest:
+            elif digest is not None and _digest(value, []) != digest:
                 found.append(Change(name, "changed in place (a setting the checks read)"))
         module_name, _, attr = KERNELS_SEEN.rpartition(".")
         module = sys.modules.get(module_name)
