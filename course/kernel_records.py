@@ -118,16 +118,24 @@ def copied_from(function: Any) -> str | None:
         known = None
     if known is not None and known[0] is code:
         return known[1]
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError):
+    readable, found = looked_up(function)
+    if not readable:
         return None
-    found = shipped_fingerprints().get(fingerprint(source) or "")
     try:
         _seen[function] = (code, found)
     except TypeError:
         pass
     return found
+
+
+def looked_up(function: Any) -> tuple[bool, str | None]:
+    """`copied_from` without its cache: whether the function's source can be read, and the
+    reference kernel it copies (None for its own)."""
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False, None
+    return True, shipped_fingerprints().get(fingerprint(source) or "")
 
 
 @functools.cache

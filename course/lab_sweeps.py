@@ -26,11 +26,12 @@ import csv
 import functools
 import math
 import os
-import pathlib
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+from course.verify import walls
 
 DATA = Path(__file__).parent / "data"
 SWEEP_FILES = {"H100": DATA / "lab-sweep-h100.csv", "H200": DATA / "lab-sweep-h200.csv"}
@@ -80,12 +81,10 @@ def _audit(event: str, args: tuple) -> None:
     """Note a sweep's file opened (by open(), pathlib, csv, NumPy, pandas, ...)."""
     if event != "open" or not _WATCHES or not args:
         return
-    # Exact types only: a subclass's or a path object's own code would run inside the hook.
-    kind = type(args[0])
-    if kind is str or kind is bytes or kind is pathlib.PosixPath or kind is pathlib.Path:
-        name = os.path.basename(os.fsdecode(os.fspath(args[0])))
-        if name in _RECORD_FILES:
-            _note(f"the file {name}")
+    # Read as the walls read names: no code of the path's own runs inside the hook.
+    path = walls.plain_text(args[0])
+    if path is not None and os.path.basename(path) in _RECORD_FILES:
+        _note(f"the file {os.path.basename(path)}")
 
 
 # Added as the module is imported, not at the first watch: a flag saying "added" could be

@@ -6,7 +6,7 @@ and then, with the body's constant arguments. A replay compiles the learner's ke
 verifier, where no walls stand (course.verify.walls), so a body reaching
 `getattr(triton.knobs.os, "system")` or Python's `exec` would run the submission's code
 there. Before a replay defines a kernel, every name and attribute its source uses is checked
-(`refuse_python_reach`):
+(`python_reach`):
 
 - a name is one of the kernel's parameters or locals, a global the trace carried (another
   kernel, a constant, one of Triton's modules, `math`), or one of a few builtins that
@@ -35,10 +35,6 @@ LANGUAGE_MODULES = ("triton.language", "math")
 PLAIN_FUNCTIONS = frozenset({"triton.cdiv", "triton.next_power_of_2"})
 _DEFINES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Import,
             ast.ImportFrom, ast.Global, ast.Nonlocal)
-
-
-class KernelReachesPython(Exception):
-    """A kernel's source names something outside Triton's language; the message says what."""
 
 
 def _in_language(module: types.ModuleType) -> bool:
@@ -79,15 +75,18 @@ def _bound_names(function: ast.FunctionDef) -> set[str]:
     return names
 
 
-def refuse_python_reach(function: ast.FunctionDef, carried: dict[str, dict],
-                        kernel: str) -> None:
-    """Raise KernelReachesPython where the kernel `function` (its parsed definition) names
-    something a compile would run as Python. `carried`: the globals its trace carried, as
+def python_reach(function: ast.FunctionDef, carried: dict[str, dict], kernel: str
+                 ) -> str | None:
+    """Why compiling the kernel `function` (its parsed definition) would run Python of the
+    learner's, or None where it would not. `carried`: the globals its trace carried, as
     course.verify.replay's bundles hold them ({"module": name}, {"kernel": ...}, a value)."""
-    def refuse(why: str) -> None:
-        raise KernelReachesPython(f"kernel {kernel}: {why}; a kernel may use Triton's "
-                                  "language (tl.*), math, constants and other kernels")
+    why = _first_reach(function, carried)
+    return None if why is None else (
+        f"kernel {kernel}: {why}; a kernel may use Triton's language (tl.*), math, constants "
+        "and other kernels")
 
+
+def _first_reach(function: ast.FunctionDef, carried: dict[str, dict]) -> str | None:
     bound = _bound_names(function)
     modules = {name: field["module"] for name, field in carried.items() if "module" in field}
     checked_roots: set[int] = set()
@@ -95,17 +94,17 @@ def refuse_python_reach(function: ast.FunctionDef, carried: dict[str, dict],
     # and course.verify.replay allows it names and constants alone.
     for node in (n for statement in function.body for n in ast.walk(statement)):
         if isinstance(node, _DEFINES):
-            refuse(f"its body holds a {type(node).__name__.lower()}")
+            return f"its body holds a {type(node).__name__.lower()}"
         if isinstance(node, ast.Attribute):
             if node.attr.startswith("_"):
-                refuse(f"it reads the attribute {node.attr}")
+                return f"it reads the attribute {node.attr}"
             if id(node) in checked_roots:
                 continue
             chain = _chain(node)
             if chain is None or chain[0] in bound:
                 continue
             if "kernel" in carried.get(chain[0], {}):  # kernel.fn is a plain Python function
-                refuse(f"it reads {chain[0]}.{chain[1][0]}, an attribute of a kernel")
+                return f"it reads {chain[0]}.{chain[1][0]}, an attribute of a kernel"
             if chain[0] not in modules:
                 continue
             root, parts = chain
@@ -119,7 +118,7 @@ def refuse_python_reach(function: ast.FunctionDef, carried: dict[str, dict],
                 if path in PLAIN_FUNCTIONS:
                     break
                 if not _from_language(value):
-                    refuse(f"it reaches {path}, which is not Triton's language")
+                    return f"it reaches {path}, which is not Triton's language"
             inner = node.value  # the chain's own inner attributes are checked with it
             while isinstance(inner, ast.Attribute):
                 checked_roots.add(id(inner))
@@ -127,5 +126,6 @@ def refuse_python_reach(function: ast.FunctionDef, carried: dict[str, dict],
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             if node.id in bound or node.id in carried or node.id in BUILTINS:
                 continue
-            refuse(f"it names {node.id}, which is neither its own, a global the trace "
-                   "carried, nor a builtin a kernel may call")
+            return (f"it names {node.id}, which is neither its own, a global the trace "
+                    "carried, nor a builtin a kernel may call")
+    return None

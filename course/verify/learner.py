@@ -435,7 +435,7 @@ class _Interrupts:
             raise KeyboardInterrupt
 
 
-def _tampering(snapshot: tamper.Snapshot, seal: str, changes, refusals) -> list[str]:
+def _tampering(snapshot: tamper.Snapshot, seal: tuple, changes, refusals) -> list[str]:
     """Every change since the snapshot and every refusal, sent with each reply: the verifier
     tells the new ones (a record of what was reported, kept here, could be filled in ahead)."""
     return [str(c) for c in changes(snapshot, seal)] + \

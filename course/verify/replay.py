@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from course import kernel_records
 from course.verify import protocol
-from course.verify.kernel_names import KernelReachesPython, refuse_python_reach
+from course.verify.kernel_names import python_reach
 
 import torch
 
@@ -155,10 +155,10 @@ def _checked_definition(bundle: dict) -> ast.Module:
         if not all(isinstance(n, _ALLOWED_IN_SIGNATURE) for n in ast.walk(node)):
             raise NotReplayable(f"kernel {bundle['name']}: its signature computes something "
                                 f"({ast.unparse(node)}); only names and constants replay")
-    try:  # compiling it must run no Python of the learner's (course.verify.kernel_names)
-        refuse_python_reach(definition, bundle["globals"], bundle["name"])
-    except KernelReachesPython as exc:
-        raise NotReplayable(str(exc)) from None
+    # compiling it must run no Python of the learner's (course.verify.kernel_names)
+    why = python_reach(definition, bundle["globals"], bundle["name"])
+    if why is not None:
+        raise NotReplayable(why)
     return tree
 
 
@@ -459,4 +459,3 @@ def autograd_step(function_class: type, eps: float):
         return y.detach(), dx, dw
 
     return step
-

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import os
 import sys
 import types
 from dataclasses import dataclass
+
+from course import kernel_records
 
 # Imported at its first use, torch._dynamo replaces torch.manual_seed with a wrapper of
 # its own: imported here, before any snapshot, so that it is not taken for tampering.
@@ -195,19 +196,6 @@ def _settings_of(owner: object) -> dict[str, object]:
             if attr not in _NOT_SETTINGS and not _kept(value)}
 
 
-def _copied_from_now(function: object) -> tuple[bool, str | None]:
-    """Whether the reference kernel that `function` copies can be found now, and which (the
-    course's own `kernel_records.copied_from`, without its cache)."""
-    from course import kernel_records
-
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError):
-        return False, None
-    return True, kernel_records.shipped_fingerprints().get(
-        kernel_records.fingerprint(source) or "")
-
-
 def _unfounded_kernels_seen(seen: object, checked: dict[int, tuple[object, object]]
                             ) -> list[str]:
     """Entries of kernel_records' cache that say other than its fingerprint does now (an
@@ -223,7 +211,7 @@ def _unfounded_kernels_seen(seen: object, checked: dict[int, tuple[object, objec
         if (kept := checked.get(id(entry[0]))) and kept[0] is entry[0] and kept[1] == entry[1]:
             continue
         try:
-            readable, copied = _copied_from_now(function)
+            readable, copied = kernel_records.looked_up(function)
         except Exception:  # a key that is not a function the course put there
             readable, copied = False, None
         if not readable or copied != entry[1]:

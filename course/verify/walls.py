@@ -172,14 +172,17 @@ _PATH_TYPES = (pathlib.PurePath, pathlib.PurePosixPath, pathlib.PureWindowsPath,
 
 def _one_of(kind: type, types_: tuple) -> bool:
     return any(kind is t for t in types_)
-OWN_OBJECT = "<an object of the submission's own>"  # _text's answer for one it cannot read
 
 
-def _text(value: object) -> str | None:
+OWN_OBJECT = "<an object of the submission's own>"  # plain_text's answer: unreadable
+
+
+def plain_text(value: object) -> str | None:
     """A name or path as a plain str, read without running code of the value's own (the hook
     would run it with the hook's frame one step up: a str subclass's methods, a
     __fspath__): None for what is neither text nor a path, OWN_OBJECT for an object whose
-    text only its own code could give."""
+    text only its own code could give. For any audit hook of the course (course.lab_sweeps
+    reads names with it too)."""
     kind = type(value)  # never isinstance: it reads the value's own __class__
     if kind is str or kind is bytes:
         return os.fsdecode(value)
@@ -195,7 +198,7 @@ def _text(value: object) -> str | None:
 
 def _path_of(value: object) -> str | None:
     """The real path `value` names (OWN_OBJECT kept as it is), or None."""
-    path = _text(value)
+    path = plain_text(value)
     if path is None or path == OWN_OBJECT:
         return path
     try:
@@ -256,7 +259,7 @@ def _program(argv: object) -> list[str] | None:
     """The program's arguments as plain text; None where any is not text or a path."""
     if not _one_of(type(argv), (list, tuple)):
         argv = [argv]
-    texts = [_text(a) for a in argv]
+    texts = [plain_text(a) for a in argv]
     return None if any(t is None or t == OWN_OBJECT for t in texts) else texts
 
 
@@ -378,7 +381,7 @@ def install() -> None:
                     places.asker() != TRUSTED:
                 refuse("reading a frame of the walls' code from a traceback")
         elif event in ("compile", "code.__new__") and len(args) > 1:
-            name = _text(args[1]) or ""
+            name = plain_text(args[1]) or ""
             path = _path_of(name) if name != OWN_OBJECT and os.path.isabs(name) else None
             # Code compiled under a trusted file's name would pass for that file's (the
             # asker is known by file names); under "<frozen ...>", be skipped as importlib's.
@@ -389,7 +392,7 @@ def install() -> None:
                     and not _same_as_file(args[0], path)) and places.asker() == NONE:
                 refuse(f"compiling code as {name[:200]}, a name of trusted code")
         elif event in ("os.putenv", "os.unsetenv") and args:
-            key = _text(args[0]) or ""
+            key = plain_text(args[0]) or ""
             if key.startswith(WATCHED_ENV_PREFIXES) and places.asker() == NONE:
                 refuse(f"changing the environment variable {key}")
 
