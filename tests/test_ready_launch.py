@@ -64,7 +64,33 @@ def test_a_launch_hook_counts_as_set_only_when_something_is_hooked():
         assert hooked(chain)
 
 
+def test_kept_launch_c_builds_and_refuses_arguments_that_disagree():
+    # Triton's own C toolchain builds it wherever Triton runs (the interpreter included);
+    # its arguments are checked before the driver is looked for
+    from solutions.kernels.ready_launch import _kept_launch_type
+
+    launch = _kept_launch_type()
+    assert launch is not None
+    stream_of = torch.cuda.current_stream
+    with pytest.raises(ValueError, match="disagree"):  # two cells, three sizes
+        launch(1, (1, 1, 1), 128, 0, bytes(16), (8, 8, 8), (0,), "p", stream_of, 0)
+    with pytest.raises(ValueError, match="disagree"):  # one slot, two kinds
+        launch(1, (1, 1, 1), 128, 0, bytes(16), (8, 8), (0,), "pf", stream_of, 0)
+    with pytest.raises(TypeError):  # a grid of two
+        launch(1, (1, 1), 128, 0, bytes(16), (8, 8), (0,), "p", stream_of, 0)
+
+
 gpu = pytest.mark.gpu
+
+
+def _kept_ready_launches():
+    """Every ReadyLaunch the wrappers keep now (backwards keep theirs in a tuple)."""
+    launches = []
+    for kept in KEPT:
+        for value in kept.values():
+            launches += [v for v in (value if isinstance(value, tuple) else (value,))
+                         if hasattr(v, "kept")]
+    return launches
 
 
 def _layouts(N, dtype):
@@ -101,6 +127,8 @@ def test_a_kept_forward_gives_the_first_calls_bits(N, dtype):
     kept = len(rmsnorm_module._READY_FORWARDS) + len(layernorm_module._READY_FORWARDS)
     # every layout but the copied one, for each of the five calls
     assert kept == 5 * 4
+    # each launched again through kept_launch.c (Triton's launcher only for profilers)
+    assert all(ready.kept is not None for ready in _kept_ready_launches())
 
 
 @gpu
@@ -125,6 +153,41 @@ def test_a_kept_backward_gives_the_first_calls_gradients(N):
     assert len(rmsnorm_module._READY_BACKWARDS) == 2
     assert len(layernorm_module._READY_BACKWARDS) == 2
     assert len(column_sums_module._READY) >= 1
+    assert all(ready.kept is not None for ready in _kept_ready_launches())
+
+
+@gpu
+def test_a_kept_launch_runs_on_a_thread_with_no_cuda_context():
+    # kept_launch.c makes the device's primary context current on a thread that has none,
+    # as Triton's launcher does (the stream it launches on: the CUDA graph test below)
+    import ctypes
+    import threading
+
+    _forget()
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    want = rmsnorm(x, w)
+    (ready,) = rmsnorm_module._READY_FORWARDS.values()
+    assert ready.kept is not None
+    y = torch.empty_like(x)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    contexts = []
+
+    def launch_without_a_context():
+        context = ctypes.c_void_p()
+        cuda.cuCtxSetCurrent(None)
+        cuda.cuCtxGetCurrent(ctypes.byref(context))
+        contexts.append(context.value)
+        ready.run(x, y, w, y, y, y, 1e-6)  # the wrapper's order: x, residual, weight, y...
+        cuda.cuCtxGetCurrent(ctypes.byref(context))
+        contexts.append(context.value)
+
+    thread = threading.Thread(target=launch_without_a_context)
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert contexts[0] is None and contexts[1] is not None
+    assert torch.equal(y, want)
 
 
 @gpu

@@ -783,8 +783,9 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
 def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None,
               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm over the last dimension; differentiable (see LayerNormFunction)."""
-    needs_grad = any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if torch.is_grad_enabled() and needs_grad:
+    if torch.is_grad_enabled() and (x.requires_grad  # (no generator: this runs every call)
+                                    or (weight is not None and weight.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
         return LayerNormFunction.apply(x, weight, bias, eps)
     return _forward(x, weight, bias, eps, False, None)[0]
 

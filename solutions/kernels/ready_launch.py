@@ -7,8 +7,15 @@ the result, a `ReadyLaunch`, in a dict keyed by the layouts of their inputs. A l
 with the same layouts allocates its outputs and launches through the compiled kernel's own
 launcher, as torch.compile's generated wrappers do (1 x 4096 RMSNorm, back to back on an
 H100 host: 114 us a call before, 21 and 37 in two runs after;
-docs/sweeps/benchmarks-history.md, "Host overhead per call"). What is left is mostly the
-launch itself: torch's static CUDA launcher, tried in its place, measured within 1 us of it.
+docs/sweeps/benchmarks-history.md, "Host overhead per call").
+
+Triton's launcher still parses every argument and asks the driver about every pointer on
+each call. Where the driver can confirm the kernel's parameter layout, a ReadyLaunch packs
+the fixed arguments once in `kept_launch.c` (built with Triton's own C toolchain) and each
+call fills in only the tensors and eps before cuLaunchKernel (1 x 4096 RMSNorm on an H200
+host: 23 us a call through Triton's launcher, 17 through kept_launch.c, F.rms_norm's 17;
+docs/sweeps/2026-11-29-kept-launch). A profiler's launch hook, or a kernel needing what
+cuLaunchKernel cannot give (clusters, scratch memory), keeps Triton's.
 
 GPU only: in Triton's interpreter a launch returns no compiled kernel, and the wrappers take
 their full path every call.
@@ -17,6 +24,10 @@ their full path every call.
 from __future__ import annotations
 
 import inspect
+import struct
+import subprocess
+import warnings
+from pathlib import Path
 
 from course import runtime  # noqa: F401  (picks GPU or interpreter before triton loads)
 
@@ -56,6 +67,75 @@ def hooked(hook) -> bool:
     return bool(calls) if calls is not None else hook is not None
 
 
+# Bytes a kernel parameter of each Triton type takes, and how it is packed into its cell
+_PARAMETER_PACKING = {"i1": "b", "i8": "b", "u1": "B", "u8": "B", "i16": "h", "u16": "H",
+                      "i32": "i", "u32": "I", "i64": "q", "u64": "Q", "fp32": "f", "f32": "f",
+                      "fp64": "d"}
+_kept_launch_module = None  # kept_launch.c built; False where that failed
+
+
+def _kept_launch_type():
+    """kept_launch.Launch, built on first use (Triton caches the build); None, with one
+    warning, where no C compiler is found."""
+    global _kept_launch_module
+    if _kept_launch_module is None:
+        from triton.runtime.build import compile_module_from_src
+        try:
+            source = (Path(__file__).with_name("kept_launch.c")).read_text()
+            _kept_launch_module = compile_module_from_src(source, "kept_launch")
+        except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as error:
+            warnings.warn(f"kept_launch.c could not be built ({error}); the reference kernels "
+                          f"launch through Triton's launcher instead", stacklevel=3)
+            _kept_launch_module = False
+    return _kept_launch_module.Launch if _kept_launch_module else None
+
+
+def kept_launch(compiled, names: list[str], args: list, slots: list[int], grid: tuple):
+    """A kept_launch.Launch of `compiled` with `args` packed (the `slots` left to fill per
+    call), or None where the launch needs more than cuLaunchKernel gives, or has a
+    parameter type it does not pack. The parameters are what Triton's launcher passes:
+    every argument that is not a constexpr, then the global and profile scratch pointers."""
+    meta = compiled.metadata
+    if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_pdl", False)
+            or getattr(meta, "launch_cooperative_grid", False)
+            or getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0)):
+        return None
+    signature = getattr(compiled.src, "signature", None)
+    if not isinstance(signature, dict) or list(signature) != list(names):
+        return None
+    cells, sizes, kinds, parameter = [], [], {}, {}
+    for position, kind in enumerate(signature.values()):
+        if kind == "constexpr":
+            continue
+        parameter[position] = len(cells)
+        if kind.startswith("*"):
+            code, kinds[position] = "Q", "p"
+        elif kind in _PARAMETER_PACKING:
+            code = _PARAMETER_PACKING[kind]
+            kinds[position] = "f" if code == "f" else None
+        else:
+            return None
+        value = args[position]
+        if position not in slots and not isinstance(value, (int, float)):
+            return None  # a fixed pointer or value it cannot pack
+        cells.append(struct.pack("<" + code, 0 if position in slots else value).ljust(8, b"\0"))
+        sizes.append(struct.calcsize(code))
+    cells += [bytes(8)] * 2  # the scratch pointers: none needed (checked above)
+    sizes += [8, 8]
+    if any(slot not in parameter or kinds[slot] is None for slot in slots):
+        return None
+    launch = _kept_launch_type()
+    if launch is None:
+        return None
+    try:
+        return launch(compiled.function, grid, 32 * meta.num_warps, meta.shared, b"".join(cells),
+                      tuple(sizes), tuple(parameter[slot] for slot in slots),
+                      "".join(kinds[slot] for slot in slots),
+                      torch._C._cuda_getCurrentRawStream, torch.cuda.current_device())
+    except ValueError:  # the driver lays the parameters out otherwise: Triton's path
+        return None
+
+
 class ReadyLaunch:
     """One compiled kernel, its grid and every argument that stays the same from call to
     call; `run(*values)` fills in the `per_call` arguments (the tensors and eps) and
@@ -78,14 +158,18 @@ class ReadyLaunch:
         self.launch, self.function = compiled.run, compiled.function
         self.metadata = compiled.packed_metadata
         self.current_stream = driver.active.get_current_stream
+        self.kept = kept_launch(compiled, names, self.args, self.slots, self.grid)
 
     def run(self, *values) -> None:
+        hooks = knobs.runtime
+        enter = hooks.launch_enter_hook
+        if self.kept is not None and not hooked(enter):
+            self.kept.run(*values)
+            return
         args = self.args.copy()
         for slot, value in zip(self.slots, values):  # noqa: B905 (as many, by construction)
             args[slot] = value
         stream = self.current_stream(self.device)
-        hooks = knobs.runtime
-        enter = hooks.launch_enter_hook
         # what a profiler hooked on launches is told (Triton makes it only for a hook)
         about = self.compiled.launch_metadata(self.grid, stream, *args) if hooked(enter) else None
         self.launch(*self.grid, stream, self.function, self.metadata, about, enter,
