@@ -12,9 +12,13 @@ peer's is `course bench --timer host`; this says where it goes.
 
 import importlib
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import course  # noqa: F401  (mode first)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+import course  # noqa: E402,F401  (mode first)
 
 import torch
 import torch.nn.functional as F
