@@ -76,6 +76,8 @@ def test_kept_launch_c_builds_and_refuses_arguments_that_disagree():
         launch(1, (1, 1, 1), 128, 0, bytes(16), (8, 8, 8), (0,), "p", stream_of, 0)
     with pytest.raises(ValueError, match="disagree"):  # one slot, two kinds
         launch(1, (1, 1, 1), 128, 0, bytes(16), (8, 8), (0,), "pf", stream_of, 0)
+    with pytest.raises(ValueError, match="more than 64"):  # each call copies them onto its stack
+        launch(1, (1, 1, 1), 128, 0, bytes(8 * 65), (8,) * 65, (), "", stream_of, 0)
     with pytest.raises(TypeError):  # a grid of two
         launch(1, (1, 1), 128, 0, bytes(16), (8, 8), (0,), "p", stream_of, 0)
 

@@ -10,6 +10,10 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The most parameters a kept kernel may take (the reference kernels take under 30): each
+ * call fills a copy of them on its own stack, so threads never share one being filled. */
+#define MAX_PARAMS 64
+
 typedef int CUresult;
 typedef void *CUfunction;
 typedef void *CUstream;
@@ -66,8 +70,7 @@ typedef struct {
   CUfunction function;
   unsigned grid[3], block, shared;
   Py_ssize_t n_params, n_slots;
-  uint64_t *cells;   /* one 8-byte cell per kernel parameter, its value at the start */
-  void **params;     /* params[i] = &cells[i], what cuLaunchKernel reads */
+  uint64_t *cells;   /* one 8-byte cell per kernel parameter, the fixed values packed */
   Py_ssize_t *slot;  /* the parameter each per-call value fills */
   char *kind;        /* per slot: 'p' a tensor (or None: null), 'f' a float32 */
   PyObject *stream_of, *device;  /* stream_of(device): the current stream, as an int */
@@ -78,7 +81,6 @@ static PyObject *data_ptr_name;
 
 static void launch_dealloc(Launch *self) {
   PyMem_Free(self->cells);
-  PyMem_Free(self->params);
   PyMem_Free(self->slot);
   PyMem_Free(self->kind);
   Py_XDECREF(self->stream_of);
@@ -107,8 +109,9 @@ static int launch_init(Launch *self, PyObject *args, PyObject *Py_UNUSED(kwargs)
     PyErr_SetString(PyExc_TypeError, "kept_launch: a Launch is made once");
     goto done;
   }
-  if (cells.len != n * 8 || PyTuple_GET_SIZE(slots) != n_kinds) {
-    PyErr_SetString(PyExc_ValueError, "kept_launch: cells, sizes, slots and kinds disagree");
+  if (cells.len != n * 8 || PyTuple_GET_SIZE(slots) != n_kinds || n > MAX_PARAMS) {
+    PyErr_SetString(PyExc_ValueError, "kept_launch: cells, sizes, slots and kinds disagree "
+                    "(or more than 64 parameters)");
     goto done;
   }
   if (load_driver() < 0) goto done;
@@ -120,16 +123,14 @@ static int launch_init(Launch *self, PyObject *args, PyObject *Py_UNUSED(kwargs)
   self->n_params = n;
   self->n_slots = n_kinds;
   self->cells = PyMem_Calloc(n ? n : 1, 8);
-  self->params = PyMem_Calloc(n ? n : 1, sizeof(void *));
   self->slot = PyMem_Calloc(n_kinds ? n_kinds : 1, sizeof(Py_ssize_t));
   self->kind = PyMem_Calloc(n_kinds ? n_kinds : 1, 1);
-  if (!self->cells || !self->params || !self->slot || !self->kind) {
+  if (!self->cells || !self->slot || !self->kind) {
     PyErr_NoMemory();
     goto done;
   }
   memcpy(self->cells, cells.buf, cells.len);
   for (Py_ssize_t i = 0; i < n; i++) {
-    self->params[i] = &self->cells[i];
     size_t size = PyLong_AsSize_t(PyTuple_GET_ITEM(sizes, i));
     if (PyErr_Occurred()) goto done;
     size_t offset, driver_size;
@@ -172,8 +173,12 @@ static PyObject *launch_run(Launch *self, PyObject *const *values, Py_ssize_t n_
   if (n_values != self->n_slots)
     return PyErr_Format(PyExc_TypeError, "kept_launch: run takes %zd values, %zd given",
                         self->n_slots, n_values);
+  uint64_t cells[MAX_PARAMS];
+  void *params[MAX_PARAMS];  /* params[i] = &cells[i], what cuLaunchKernel reads */
+  memcpy(cells, self->cells, self->n_params * sizeof *cells);
+  for (Py_ssize_t i = 0; i < self->n_params; i++) params[i] = &cells[i];
   for (Py_ssize_t s = 0; s < n_values; s++) {
-    void *cell = &self->cells[self->slot[s]];
+    void *cell = &cells[self->slot[s]];
     PyObject *value = values[s];
     if (self->kind[s] == 'f') {
       float f = (float)PyFloat_AsDouble(value);
@@ -184,7 +189,7 @@ static PyObject *launch_run(Launch *self, PyObject *const *values, Py_ssize_t n_
       Py_ssize_t earlier = 0;  /* a tensor passed twice (a wrapper's stand-in): asked once */
       while (earlier < s && (values[earlier] != value || self->kind[earlier] != 'p')) earlier++;
       if (earlier < s) {
-        memcpy(&pointer, &self->cells[self->slot[earlier]], sizeof pointer);
+        memcpy(&pointer, &cells[self->slot[earlier]], sizeof pointer);
       } else if (value != Py_None) {
         PyObject *address = PyObject_CallMethodNoArgs(value, data_ptr_name);
         if (!address) return NULL;
@@ -212,7 +217,7 @@ static PyObject *launch_run(Launch *self, PyObject *const *values, Py_ssize_t n_
     if ((code = cu_set_context(context)) != 0) return driver_error("cuCtxSetCurrent", code);
   }
   code = cu_launch(self->function, self->grid[0], self->grid[1], self->grid[2], self->block,
-                   1, 1, self->shared, (CUstream)(uintptr_t)stream, self->params, NULL);
+                   1, 1, self->shared, (CUstream)(uintptr_t)stream, params, NULL);
   if (code != 0) return driver_error("cuLaunchKernel", code);
   Py_RETURN_NONE;
 }

@@ -56,8 +56,13 @@ def launch_key(x, *others) -> tuple | None:
     off the GPU, where nothing is kept."""
     if not (isinstance(x, torch.Tensor) and x.is_cuda) or knobs is None:
         return None
-    return (torch._C._cuda_getDevice(), x.shape, x.stride(), x.dtype, x.get_device(),
-            x.data_ptr() % 16 == 0, *map(layout, others))
+    key = [torch._C._cuda_getDevice(), x.shape, x.stride(), x.dtype, x.get_device(),
+           x.data_ptr() % 16 == 0]
+    for t in others:  # what layout(t) gives, the common cases written out: this runs every call
+        key.append((t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
+                   if isinstance(t, torch.Tensor) else
+                   t if t is None or t is True or t is False else layout(t))
+    return tuple(key)
 
 
 def hooked(hook) -> bool:
