@@ -120,10 +120,13 @@ def kept_launch(compiled, names: list[str], args: list, slots: list[int], grid: 
             kinds[position] = "f" if code == "f" else None
         else:
             return None
-        value = args[position]
-        if position not in slots and not isinstance(value, (int, float)):
+        value = 0 if position in slots else args[position]
+        if not isinstance(value, (int, float)):
             return None  # a fixed pointer or value it cannot pack
-        cells.append(struct.pack("<" + code, 0 if position in slots else value).ljust(8, b"\0"))
+        try:
+            cells.append(struct.pack("<" + code, value).ljust(8, b"\0"))
+        except struct.error:  # out of the parameter's range: Triton's launcher says so
+            return None
         sizes.append(struct.calcsize(code))
     cells += [bytes(8)] * 2  # the scratch pointers: none needed (checked above)
     sizes += [8, 8]
@@ -179,6 +182,7 @@ class ReadyLaunch:
         about = self.compiled.launch_metadata(self.grid, stream, *args) if hooked(enter) else None
         self.launch(*self.grid, stream, self.function, self.metadata, about, enter,
                     hooks.launch_exit_hook, *args)
+
 
 def ready_launch(compiled, kernel, grid, args: tuple, kwargs: dict, per_call: tuple[str, ...]
                  ) -> ReadyLaunch | None:
