@@ -25,9 +25,12 @@ An audit hook (PEP 578: nothing in Python removes one once it is added) refuses:
 
 Who asks is the first frame on the stack outside the standard library (a library at most
 where there is none: a thread whose target is the standard library's). "The course, torch
-or triton": a file of those packages. A library: any other installed package but those
-that run commands for their caller (IPython, pip, ...). A submission's code: a cell, and
-whatever it compiled. Each refusal raises PermissionError and is kept where no Python code
+or triton": a file of those packages, when every call from that frame to the action is one
+its caller's code names (a library at most otherwise: a finalizer, a `partial`, a `map` or
+a `__del__` of the standard library's, handed over by the submission and called later on
+top of the course's frames). A library: any other installed package but those that run
+commands for their caller (IPython, pip, ...). A submission's code: a cell, and whatever it
+compiled. Each refusal raises PermissionError and is kept where no Python code
 reaches it (`refusals()` gives a copy); the learner's process reports it as tampering, so
 the test cells from then on score 0, whether or not the submission caught the error.
 
@@ -100,6 +103,27 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 GUARDED_MODULES = ("builtins", "time", "os", "io", "sys", "warnings", "traceback",
                    "threading", "contextlib", "functools", "pickle", "inspect", "subprocess")
 WATCHED_ENV_PREFIXES = ("COURSE_", "PYTHON", "TRITON_", "CUDA_", "NBGRADER", "LD_")
+# The built-in functions that raise each event the core may be asked about, by the names a
+# caller's code calls them by (an event a Python frame raises itself comes through
+# sys.audit; object.__setattr__ and __getattr__ also through the attribute's own name).
+EVENT_CALLS = {
+    "open": ("open", "FileIO"), "sqlite3.connect": ("connect",),
+    "os.rename": ("rename", "replace"), "os.link": ("link",), "os.symlink": ("symlink",),
+    "os.mkdir": ("mkdir",), "os.remove": ("remove", "unlink"), "os.rmdir": ("rmdir",),
+    "os.truncate": ("truncate", "ftruncate"), "os.chmod": ("chmod", "lchmod", "fchmod"),
+    "os.chown": ("chown", "lchown", "fchown"), "os.utime": ("utime",),
+    "os.system": ("system",), "os.exec": ("execv", "execve"),
+    "os.posix_spawn": ("posix_spawn", "posix_spawnp"), "os.spawn": ("spawnv", "spawnve"),
+    "os.startfile": ("startfile",), "sys.setprofile": ("setprofile",),
+    "sys.settrace": ("settrace",), "sys._setprofileallthreads": ("_setprofileallthreads",),
+    "sys._settraceallthreads": ("_settraceallthreads",),
+    "object.__setattr__": ("setattr", "__setattr__"),
+    "object.__getattr__": ("getattr", "__getattribute__"),
+}
+# Code entered without a call naming it: a generator's frame resumes where its consumer
+# iterates (the call that made it named it).
+RESUMED = 0x20 | 0x80 | 0x100 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE,
+#                                         CO_ASYNC_GENERATOR
 
 NONE, LIBRARY, TRUSTED = 0, 1, 2  # who asked
 
@@ -141,23 +165,50 @@ class _Places:
             caches.add(_folder(checkout))
         self.kept = (*self.trusted_code, *caches)
 
-    def asker(self) -> int:
+    def asker(self, action: tuple[str, ...] | None = None) -> int:
         """Who asked: the first frame outside the standard library. Where there is none (a
         thread whose target is the standard library's, an exit handler), a library at most:
-        a submission can start `threading.Thread(target=subprocess.run, ...)` itself."""
+        a submission can start `threading.Thread(target=subprocess.run, ...)` itself.
+
+        The course, torch or triton asks only for what its code calls by name: each call
+        from its frame to the action (`action`: the names of the built-in function that
+        raised the event; None: not asked), through the standard library, must be one its
+        caller's code names. A call no code names is of a value handed in (a finalizer's
+        function, a `functools.partial`, a `map`, a `__del__` or `__len__` that is the
+        standard library's, called from C), whose registrar is unknown: a library at
+        most."""
         frame = sys._getframe(2)  # asker, the hook (or fork_exec's stand-in), who asked
+        called = None if action is None else (*action, "audit")  # what the next frame calls
+        named = True  # every call so far was named by its caller
         while frame is not None:
-            name = frame.f_code.co_filename
-            if name != __file__ and not name.startswith("<frozen "):  # past the walls' own
+            code = frame.f_code
+            name = code.co_filename
+            if name == __file__:  # the walls' own: the hook, or a stand-in of that name
+                if code.co_name == "fork_exec" and action is not None:
+                    called = ("fork_exec",)
+            elif name.startswith("<frozen "):  # an import: what it runs, the import's own
+                called = None
+            else:
+                if named and called is not None:
+                    named = _names_any(code, called)
                 path = os.path.realpath(name) if os.path.isabs(name) else name
                 if not path.startswith(self.stdlib) or path.startswith(self.site):
                     if path.startswith(self.core):
-                        return TRUSTED
+                        return TRUSTED if named else LIBRARY
                     if path.startswith(self.site) and not path.startswith(self.runners):
                         return LIBRARY
                     return NONE
+                if action is not None:  # asked: what this frame's caller must name
+                    called = None if code.co_flags & RESUMED else \
+                        tuple(code.co_qualname.split("."))
             frame = frame.f_back
         return LIBRARY
+
+
+def _names_any(code: types.CodeType, names: tuple[str, ...]) -> bool:
+    """Whether `code` names any of `names` (a global, an attribute or a local variable)."""
+    return any(n in code.co_names or n in code.co_varnames or n in code.co_freevars or
+               n in code.co_cellvars for n in names)
 
 
 def _folder(path: str | Path) -> str:
@@ -328,12 +379,14 @@ def install() -> None:
             refused.append(what)
         raise PermissionError(f"refused while grading: {what}")
 
-    def judge(argv: list[str] | None, what: str) -> None:
-        """Refuse starting the program `argv` (`what` when it is not known) unless allowed."""
-        if not _program_allowed(argv, places.asker(), places):
+    def judge(argv: list[str] | None, what: str, calls: tuple[str, ...] = ()) -> None:
+        """Refuse starting the program `argv` (`what` when it is not known) unless allowed
+        (`calls`: the names of the built-in function that raised the event)."""
+        if not _program_allowed(argv, places.asker(calls), places):
             refuse(f"starting {' '.join(argv or [what])[:200]}")
 
     def hook(event: str, args: tuple) -> None:
+        calls = EVENT_CALLS.get(event, ())  # what the core's code calls to raise it
         if event in ("open", "sqlite3.connect"):
             path = _path_of(args[0]) if args else None
             if path == OWN_OBJECT:
@@ -342,20 +395,21 @@ def install() -> None:
             if why:
                 refuse(f"reading {path} ({why})")
             if path and event == "open" and path.startswith(places.kept) and _writes(args) \
-                    and places.asker() != TRUSTED:
+                    and places.asker(calls) != TRUSTED:
                 refuse(f"writing {path} (where trusted code is kept)")
         elif event in FILE_CHANGES:
             for at in FILE_CHANGES[event]:
                 path = _path_of(args[at]) if len(args) > at else None
                 if path == OWN_OBJECT:
                     refuse(f"{event} on a path given as {path}")
-                if path and path.startswith(places.kept) and places.asker() != TRUSTED:
+                if path and path.startswith(places.kept) and places.asker(calls) != TRUSTED:
                     refuse(f"{event} on {path} (where trusted code is kept)")
         elif event in PROGRAM_EVENTS:
             at = ARGV_AT.get(event)  # os.system's command line goes through a shell
-            judge(_program(args[at]) if at is not None and len(args) > at else None, event)
+            judge(_program(args[at]) if at is not None and len(args) > at else None, event,
+                  calls)
         elif event in CORE_EVENTS:
-            if places.asker() != TRUSTED:
+            if places.asker(calls) != TRUSTED:
                 refuse(f"{event} from the submission's code")
         elif event in LIBRARY_EVENTS:
             if places.asker() == NONE:
@@ -365,12 +419,13 @@ def install() -> None:
                 refuse(f"{event} from the submission's code")
         elif event == "object.__setattr__" and len(args) > 1 and type(args[1]) is str and \
                 args[1] in REWRITES:
-            if _guarded_function(args[0]) and places.asker() != TRUSTED:
+            if _guarded_function(args[0]) and places.asker((*calls, args[1])) != TRUSTED:
                 refuse(f"rewriting {getattr(args[0], '__qualname__', args[0])!s}.{args[1]}")
         elif event == "object.__getattr__" and len(args) > 1 and type(args[1]) is str and \
                 args[1] in REWRITES:
             if (id(args[0]) in guarded or type(args[0]) is types.FunctionType and
-                    args[0].__module__ == __name__) and places.asker() != TRUSTED:
+                    args[0].__module__ == __name__) and \
+                    places.asker((*calls, args[1])) != TRUSTED:
                 refuse(f"reading {args[1]} of the grading's {args[0].__qualname__}")
         elif event == "object.__getattr__" and len(args) > 1 and type(args[1]) is str and \
                 args[1] == "tb_frame":
@@ -378,13 +433,15 @@ def install() -> None:
             # (Its own read, just below, comes back here from its own frame: let through.)
             if sys._getframe(1).f_code is not own_code and \
                     args[0].tb_frame.f_code.co_filename == __file__ and \
-                    places.asker() != TRUSTED:
+                    places.asker((*calls, "tb_frame")) != TRUSTED:
                 refuse("reading a frame of the walls' code from a traceback")
         elif event in ("compile", "code.__new__") and len(args) > 1:
             name = plain_text(args[1]) or ""
             path = _path_of(name) if name != OWN_OBJECT and os.path.isabs(name) else None
             # Code compiled under a trusted file's name would pass for that file's (the
             # asker is known by file names); under "<frozen ...>", be skipped as importlib's.
+            # (Not asked whether the core named the call: Python's own traceback printer
+            # compiles a line under its file's name, from C, to point at the error in it.)
             if path and (path + os.sep).startswith(places.core) and \
                     places.asker() != TRUSTED and not _same_as_file(args[0], path):
                 refuse(f"compiling code as {path}, a file of the course, torch or triton")
