@@ -353,13 +353,19 @@ def _submissions():
                    {"ex02_roofline_functions_code": CH02_PROFILE_OFF},
                    ("ex02_roofline_functions", "ex02_roofline_functions_hidden"),
                    "sys.setprofile"),
-        Submission("oracles", "ch03_two_pass",
-                   "eager bytes from course.traffic behind sys.setprofile(None); a timer "
-                   "returning gpu.params.kernel_s(False, False)",
-                   {"ex03_eager_bytes_code": CH03_EAGER_PROFILE_OFF,
-                    "ex03_timer_code": CH03_TIMER_ORACLE},
+        Submission("profoff03", "ch03_two_pass",
+                   "eager bytes from course.traffic behind sys.setprofile(None)",
+                   {"ex03_eager_bytes_code": CH03_EAGER_PROFILE_OFF},
+                   # the refused sys.setprofile(None) is tampering: every test cell from
+                   # the first it runs in scores 0
                    ("ex03_eager_bytes", "ex03_eager_bytes_hidden", "ex03_timer",
-                    "ex03_timer_hidden"), "sys.setprofile"),
+                    "ex03_timer_hidden", "ex03_two_pass_correct", "ex03_two_pass_hidden",
+                    "ex03_two_pass_bandwidth"), "sys.setprofile"),
+        Submission("timeroracle", "ch03_two_pass",
+                   "a timer returning gpu.params.kernel_s(False, False)",
+                   {"ex03_timer_code": CH03_TIMER_ORACLE}, ("ex03_timer", "ex03_timer_hidden"),
+                   # gpu.params is gone: AttributeError on every simulated GPU
+                   "time_per_call is off on 3 of 3 simulated GPUs"),
         Submission("splitoracle", "ch07_backward", "returns course.traffic.best_split",
                    {"ex07_split_programs_code": CH07_SPLIT_ORACLE}, ("ex07_split_rule",),
                    "split_programs calls course.traffic (best_split)"),
@@ -379,6 +385,3 @@ def test_the_red_teams_answers_graded_by_the_verifier_lose_the_cells_they_target
     by_id = {c.grade_id: c for c in verdict.cells}
     first = by_id[sub.loses[0]]
     assert sub.reason in first.reason, first.reason
-    if sub.student == "oracles":  # gpu.params is gone: AttributeError on every simulated GPU
-        timer = by_id["ex03_timer"].reason
-        assert "time_per_call is off on 3 of 3 simulated GPUs" in timer, timer

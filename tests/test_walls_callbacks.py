@@ -8,9 +8,10 @@ without walls, read solutions/ and write grader/overrides.csv) and moving a file
 checkout are refused, and the learner's process reports the refusal. Otherwise the
 submission is the source's answer: its control keeps every point.
 
-The refusal lands in the middle of a test cell, and the verifier keeps only what the last
-reply of a cell reported as new (`LearnerProcess.new_tampering`, replaced by each reply):
-until that is mended, these tests read every change the learner's process reported."""
+The refusal lands in the middle of a test cell, in a reply before that cell's last: the
+changes the learner's process reports add up until the verifier notes them at the cell's
+end (`LearnerProcess.new_tampering`; it was replaced by each reply, and these refusals
+kept every point), so the cells from that one on score 0."""
 
 from __future__ import annotations
 
@@ -122,6 +123,9 @@ def test_a_callback_called_on_the_courses_frames_is_not_the_course(student, tmp_
     refused = "tried os.rename on" if "rename" in student else "tried starting"
     assert any(r.startswith(refused) and r.endswith("which was refused") for r in reported), \
         (sub.what, reported, verdict.to_json()[:4000])
+    got = {c.grade_id: c.points for c in verdict.cells}
+    assert got["ex04_fused_correct"] == got["ex04_fused_hidden"] == 0, (sub.what, got)
+    assert any(refused in change for note in verdict.tampering for change in note["changes"])
 
 
 def test_the_control_keeps_its_points(tmp_path):

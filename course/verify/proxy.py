@@ -189,7 +189,7 @@ class LearnerProcess:
         self.deadline: float | None = None   # time.monotonic() by which a request must end
         self.lost: str | None = None         # why nothing more can be asked
         self.tampering: list[str] = []       # every change reported so far, in order
-        self.new_tampering: list[str] = []   # reported by the latest request
+        self.new_tampering: list[str] = []   # reported since the verifier last noted them
         self.shared_dir: str | None = None   # its message files (None: the pipes only)
         self.lane: gpu_lane.Mailbox | None = None  # the GPU mailbox its process maps now
         self.mailboxes: list[gpu_lane.Mailbox] = []  # every one it may map: freed once it ends
@@ -273,9 +273,12 @@ class LearnerProcess:
             raise
         # Every change the learner's process sees now: which are new is decided here, where
         # its code cannot mark one as already reported.
+        # They add up until the verifier notes them at the end of a cell (a refusal reported
+        # by a reply before a cell's last must still score).
         now = [str(c) for c in reply.get("tampering", [])]
-        self.new_tampering = [c for c in dict.fromkeys(now) if c not in self.tampering]
-        self.tampering += self.new_tampering
+        new = [c for c in dict.fromkeys(now) if c not in self.tampering]
+        self.new_tampering += new
+        self.tampering += new
         return reply
 
     def _lane_for(self, message: dict) -> gpu_lane.Mailbox | None:
