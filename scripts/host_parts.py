@@ -78,19 +78,18 @@ def measure(M: int, N: int) -> None:
     table(f"{M} x {N} bf16, kept_launch.c",
           peers | {f"ours {k}": v for k, v in ours.items()} | parts)
     first = rmsnorm(x, w)
-    saved = {id(launch): launch.kept for kept_ in KEPT for launch in kept_.values()}
-    for kept_ in KEPT:
-        for launch in kept_.values():
-            launch.kept = None
+    launches = [launch for kept_ in KEPT for launch in kept_.values()]
+    saved = [launch.kept for launch in launches]
+    for launch in launches:  # Triton's launcher from here on
+        launch.kept = None
     table(f"{M} x {N} bf16, Triton's launcher",
           {"F.rms_norm": peers["F.rms_norm"]}
           | {f"ours {k} (Triton's launcher)": v for k, v in ours.items()}
           | {"part: ready.run (Triton's launcher)":
              lambda: ready.run(x, y, w, y, y, y, 1e-6)})
     print("the same bits either way:", torch.equal(first, rmsnorm(x, w)))
-    for kept_ in KEPT:
-        for launch in kept_.values():
-            launch.kept = saved[id(launch)]
+    for launch, kept_c in zip(launches, saved, strict=True):
+        launch.kept = kept_c
 
 
 def main() -> None:

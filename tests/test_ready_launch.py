@@ -92,8 +92,6 @@ def test_a_kept_launch_packs_the_parameters_tritons_launcher_passes(monkeypatch)
 
     made = []
     monkeypatch.setattr(ready_launch, "_kept_launch_type", lambda: lambda *a: made.append(a))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", print, raising=False)
     meta = SimpleNamespace(num_ctas=1, launch_pdl=False, launch_cooperative_grid=False,
                            global_scratch_size=0, profile_scratch_size=0, num_warps=4, shared=96)
     signature = {"x_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "constexpr",
@@ -101,16 +99,17 @@ def test_a_kept_launch_packs_the_parameters_tritons_launcher_passes(monkeypatch)
     compiled = SimpleNamespace(metadata=meta, src=SimpleNamespace(signature=signature),
                                function=1234)
     names, args = list(signature), [None, None, 7, 4096, None, 2**40]
-    ready_launch.kept_launch(compiled, names, args, [0, 1, 4], (3, 1, 1))
+    ready_launch.kept_launch(compiled, names, args, [0, 1, 4], (3, 1, 1), print, 0)
     (function, grid, block, shared, cells, sizes, slots, kinds, _, device), = made
     assert (function, grid, block, shared, device) == (1234, (3, 1, 1), 128, 96, 0)
     assert sizes == (8, 8, 4, 4, 8, 8, 8) and slots == (0, 1, 3) and kinds == "ppf"
     assert cells == (bytes(16) + (7).to_bytes(8, "little") + bytes(8)
                      + (2**40).to_bytes(8, "little") + bytes(16))
     assert ready_launch.kept_launch(compiled, names, [None, None, 2**31, 4096, None, 0],
-                                    [0, 1, 4], (3, 1, 1)) is None  # M past an i32
+                                    [0, 1, 4], (3, 1, 1), print, 0) is None  # M past an i32
     meta.num_ctas = 2
-    assert ready_launch.kept_launch(compiled, names, args, [0, 1, 4], (3, 1, 1)) is None
+    assert ready_launch.kept_launch(compiled, names, args, [0, 1, 4], (3, 1, 1), print,
+                                    0) is None
     assert len(made) == 1
 
 

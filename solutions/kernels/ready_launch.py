@@ -95,11 +95,13 @@ def _kept_launch_type():
     return _kept_launch_module.Launch if _kept_launch_module else None
 
 
-def kept_launch(compiled, names: list[str], args: list, slots: list[int], grid: tuple):
+def kept_launch(compiled, names: list[str], args: list, slots: list[int], grid: tuple,
+                stream_of, device: int):
     """A kept_launch.Launch of `compiled` with `args` packed (the `slots` left to fill per
-    call), or None where the launch needs more than cuLaunchKernel gives, or has a
-    parameter type it does not pack. The parameters are what Triton's launcher passes:
-    every argument that is not a constexpr, then the global and profile scratch pointers."""
+    call), launching on `stream_of(device)`; or None where the launch needs more than
+    cuLaunchKernel gives, or has a parameter type it does not pack. The parameters are what
+    Triton's launcher passes: every argument that is not a constexpr, then the global and
+    profile scratch pointers."""
     meta = compiled.metadata
     if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_pdl", False)
             or getattr(meta, "launch_cooperative_grid", False)
@@ -138,8 +140,7 @@ def kept_launch(compiled, names: list[str], args: list, slots: list[int], grid: 
     try:
         return launch(compiled.function, grid, 32 * meta.num_warps, meta.shared, b"".join(cells),
                       tuple(sizes), tuple(parameter[slot] for slot in slots),
-                      "".join(kinds[slot] for slot in slots),
-                      torch._C._cuda_getCurrentRawStream, torch.cuda.current_device())
+                      "".join(kinds[slot] for slot in slots), stream_of, device)
     except ValueError:  # the driver lays the parameters out otherwise: Triton's path
         return None
 
@@ -166,7 +167,8 @@ class ReadyLaunch:
         self.launch, self.function = compiled.run, compiled.function
         self.metadata = compiled.packed_metadata
         self.current_stream = driver.active.get_current_stream
-        self.kept = kept_launch(compiled, names, self.args, self.slots, self.grid)
+        self.kept = kept_launch(compiled, names, self.args, self.slots, self.grid,
+                                self.current_stream, self.device)
 
     def run(self, *values) -> None:
         hooks = knobs.runtime
