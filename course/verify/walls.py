@@ -48,6 +48,7 @@ wall; `grader/README.md` says what is left open.
 from __future__ import annotations
 
 import getpass
+import inspect
 import os
 import pathlib
 import shutil
@@ -122,8 +123,8 @@ EVENT_CALLS = {
 }
 # Code entered without a call naming it: a generator's frame resumes where its consumer
 # iterates (the call that made it named it).
-RESUMED = 0x20 | 0x80 | 0x100 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE,
-#                                         CO_ASYNC_GENERATOR
+RESUMED = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
+           | inspect.CO_ASYNC_GENERATOR)
 
 NONE, LIBRARY, TRUSTED = 0, 1, 2  # who asked
 
@@ -200,7 +201,7 @@ class _Places:
                     return NONE
                 if action is not None:  # asked: what this frame's caller must name
                     called = None if code.co_flags & RESUMED else \
-                        tuple(code.co_qualname.split("."))
+                        tuple(getattr(code, "co_qualname", code.co_name).split("."))  # 3.10
             frame = frame.f_back
         return LIBRARY
 
