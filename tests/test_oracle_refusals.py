@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import sys
+import threading
 
 from course import check, runtime, timing, traffic
 from course.check.suite import run_exercise
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 FIRST_TORCH_CASES = dataclasses.replace(TORCH_RMSNORM, cases=TORCH_RMSNORM.cases[:3])
 REFUSED_RMSNORM = "PyTorch's own RMSNorm"
-SWITCHED_OFF = "switches off the check's profile hook (sys.setprofile)"
+SWITCHED_OFF = "switches off the check's profile hook (sys.setprofile or threading.setprofile)"
 
 # ---------------------------------------------------------------- the red team's cells
 
@@ -327,6 +328,22 @@ def test_a_split_rule_handing_course_traffic_to_a_worker_started_before_fails():
         with pytest.raises(AssertionError) as failure:
             check.split_rule(split_programs, seed=0, quiet=True)
     assert "split_programs calls course.traffic (best_split)" in str(failure.value)
+
+
+def test_a_split_rule_handing_course_traffic_to_a_thread_it_unwatched_fails():
+    """threading.setprofile(None) raises no audit event: a thread started after it runs
+    without the check's hook, and the watch says so as it ends."""
+    def split_programs(M, N, sms):
+        threading.setprofile(None)
+        answer = []
+        worker = threading.Thread(target=lambda: answer.append(traffic.best_split(M, N, sms)))
+        worker.start()
+        worker.join()
+        return answer[0]
+
+    with pytest.raises(AssertionError) as failure:
+        check.split_rule(split_programs, seed=0, quiet=True)
+    assert SWITCHED_OFF in str(failure.value), str(failure.value)
 
 
 def test_a_split_rule_reading_course_traffics_constant_passes():

@@ -157,6 +157,35 @@ def test_a_submission_cannot_plant_code_where_trusted_code_is_loaded_from(tmp_pa
     assert not any(ROOT.joinpath("course").glob("planted*")), "a refused write left a file"
 
 
+def test_the_checks_watches_are_set_from_the_courses_code_only(tmp_path):
+    """The checks' watches set the profile hooks (course.check.profiled), from Python 3.12
+    on every running thread's at once through threading.setprofile_all_threads. The walls
+    let the course set them only through calls its code names: on an H200 (Python 3.12,
+    2026-11-29) the watch called that function through an alias, every watched check was
+    refused, and honest submissions lost five chapters. A cell's code may not switch them
+    off: refused, and the watch stays on (Python 3.12 reports a thread's refusal as
+    unraisable, not to the caller); threading.setprofile, which no event reports, is seen
+    as the watch ends."""
+    got = _probe("""
+        import sys, threading
+        from course.check import profiled
+        events = []
+        with profiled.watching(lambda frame, event, arg: events.append(event)):
+            len("x")
+        results["the checks' watch saw"] = "c_call" in events and sys.getprofile() is None
+        results["refusals after it"] = len(walls.refusals())
+        off = threading.setprofile_all_threads if sys.version_info >= (3, 12) else sys.setprofile
+        for name, switch in (("all", off), ("threads", threading.setprofile)):
+            with profiled.watching(lambda frame, event, arg: None) as watch:
+                attempt(name, lambda: switch(None))
+            results[name + " off"] = watch.switched_off
+    """, tmp_path)
+    results = got["results"]
+    assert results["the checks' watch saw"] and results["refusals after it"] == 0, got
+    assert not results["all off"] and results["threads off"], got
+    assert [r for r in got["refused"] if "from the submission's code" in r], got
+
+
 def test_a_program_of_its_own_under_a_tools_name_and_the_walls_settings_are_out_of_reach(
         tmp_path):
     """A red team's script named `file` (a tool anyone may start) read the solutions; the

@@ -12,7 +12,8 @@ goes on to the profile function installed before (a debugger's, another check's)
 put back at the end; threads the call starts get the hook too (`threading.setprofile`), and
 on Python 3.12 and later so do threads already running (`threading.setprofile_all_threads`:
 a worker started before the call, handed work during it).
-A call that switched the hook off (`sys.setprofile(None)`) or put another in its place left
+A call that switched the hook off (`sys.setprofile(None)`, or `threading.setprofile(None)`
+for the threads it starts) or put another in its place left
 the check blind to part of what it ran: `switched_off` says so, and the checks refuse it.
 """
 
@@ -26,8 +27,10 @@ from dataclasses import dataclass
 from types import FrameType
 
 Hook = Callable[[FrameType, str, object], None]
-# Python 3.12 and later: the profile function of every running thread, set at once.
-_ALL_THREADS = getattr(threading, "setprofile_all_threads", None)
+# Python 3.12 and later: the profile function of every running thread, set at once. Called
+# by its own name below: the walls trust a course call to set hooks only where the course's
+# code names the function (course.verify.walls `asker`).
+_SETS_EVERY_THREAD = hasattr(threading, "setprofile_all_threads")
 
 
 @dataclass
@@ -53,13 +56,15 @@ def watching(hook: Hook) -> Iterator[Watch]:
 
     sys.setprofile(profile)
     threading.setprofile(profile)
-    if _ALL_THREADS is not None:
-        _ALL_THREADS(profile)
+    if _SETS_EVERY_THREAD:
+        threading.setprofile_all_threads(profile)
     try:
         yield watch
     finally:
-        watch.switched_off = sys.getprofile() is not profile
-        if _ALL_THREADS is not None:
-            _ALL_THREADS(None)  # every thread's, this one's too: put back just below
+        # threading's: a thread the call starts after switching it off runs unwatched
+        watch.switched_off = sys.getprofile() is not profile or \
+            threading.getprofile() is not profile
+        if _SETS_EVERY_THREAD:
+            threading.setprofile_all_threads(None)  # this thread's too: put back below
         sys.setprofile(previous)
         threading.setprofile(previous_for_threads)

@@ -281,7 +281,8 @@ def calls_said(used: Sequence[str], *, past: bool = False) -> str:
         parts.append(f"{'called' if past else 'calls'} course.traffic ({', '.join(names)})")
     if SWITCHED_OFF in used:
         parts.append(f"{'switched' if past else 'switches'} off the check's profile hook "
-                     "(sys.setprofile), which watches for calls into course.traffic")
+                     "(sys.setprofile or threading.setprofile), which watches for calls "
+                     "into course.traffic")
     return " and ".join(parts)
 
 

@@ -120,8 +120,8 @@ def _looked_up_said(looked_up: list[str]) -> str:
         parts.append(f"asks course.timing for the simulated GPU's true time "
                      f"({', '.join(names)})")
     if SWITCHED_OFF in looked_up:
-        parts.append("switches off the check's profile hook (sys.setprofile), which watches "
-                     "for calls into course.timing")
+        parts.append("switches off the check's profile hook (sys.setprofile or "
+                     "threading.setprofile), which watches for calls into course.timing")
     return " and ".join(parts)
 
 

@@ -289,10 +289,10 @@ class _RefuseBuiltInRMSNorm(TorchFunctionMode):
             raise BuiltInRMSNormRefused(f"{_refused_message(what)}; called{where}")
         if self._watch.switched_off:
             raise BuiltInRMSNormRefused(
-                "your function switched off the check's profile hook (sys.setprofile), which "
-                "watches for PyTorch's own RMSNorm: this exercise does not accept a call it "
-                "cannot watch. Write the formula with torch operations, and leave "
-                "sys.setprofile alone")
+                "your function switched off the check's profile hook (sys.setprofile or "
+                "threading.setprofile), which watches for PyTorch's own RMSNorm: this "
+                "exercise does not accept a call it cannot watch. Write the formula with "
+                "torch operations, and leave the profile hooks alone")
         return None
 
     def _hook(self, frame: FrameType, event: str, arg: object) -> None:
