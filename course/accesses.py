@@ -488,24 +488,26 @@ def _element_size(ptrs) -> int:
     return max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
 
 
+# The masked load's and store's arguments after the mask differ between Triton versions
+# (3.6: cache_modifier, eviction_policy; 3.9: cache_policy): passed on as they come.
 def _load(original, recording: Recording, interpreter):
-    def load(self, ptrs, mask, other, cache_policy, is_volatile):
+    def load(self, ptrs, mask, *rest, **options):
         launch = recording.current
         if launch is None:
-            return original(self, ptrs, mask, other, cache_policy, is_volatile)
+            return original(self, ptrs, mask, *rest, **options)
         performed = launch.note(self.grid_idx, LOAD, ptrs.data, mask.data, _element_size(ptrs))
         mask = interpreter.TensorHandle(performed.reshape(np.shape(ptrs.data)), mask.dtype)
-        return original(self, ptrs, mask, other, cache_policy, is_volatile)
+        return original(self, ptrs, mask, *rest, **options)
     return load
 
 
 def _store(original, recording: Recording, interpreter):
-    def store(self, ptrs, value, mask, cache_policy):
+    def store(self, ptrs, value, mask, *rest, **options):
         launch = recording.current
         if launch is None:
-            return original(self, ptrs, value, mask, cache_policy)
+            return original(self, ptrs, value, mask, *rest, **options)
         performed = launch.note(self.grid_idx, STORE, ptrs.data, mask.data,
                                 _element_size(ptrs))
         mask = interpreter.TensorHandle(performed.reshape(np.shape(ptrs.data)), mask.dtype)
-        return original(self, ptrs, value, mask, cache_policy)
+        return original(self, ptrs, value, mask, *rest, **options)
     return store

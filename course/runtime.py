@@ -14,9 +14,41 @@ for a GPU that need not be there (to read their PTX on a machine without one).
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import torch
+
+
+def interpreter_mismatch(triton_version: str | None = None,
+                         numpy_version: str | None = None) -> str | None:
+    """Why Triton's interpreter cannot run kernels with these versions, or None. Before
+    Triton 3.7 its interpreter turns a scalar (a one-element array) into a Python int with
+    int(), which NumPy 2.4 and later refuse: every `range` over a kernel argument fails
+    with "only 0-dimensional arrays can be converted to Python scalars"."""
+    from importlib import metadata
+
+    import numpy
+
+    try:
+        triton_version = triton_version or metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return None
+    numpy_version = numpy_version or numpy.__version__
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+        return (f"Triton {triton_version}'s CPU interpreter cannot run kernels with NumPy "
+                f"{numpy_version} (its loops fail with 'only 0-dimensional arrays can be "
+                f"converted to Python scalars'): pip install 'triton>=3.7', or 'numpy<2.4', "
+                f"then restart the Python kernel")
+    return None
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version such as '3.6.0', '2.4.0rc1' or '3.7.0+git1a2b'."""
+    major, minor = (re.match(r"\d*", part).group() or "0"
+                    for part in (version.split(".") + ["0"])[:2])
+    return int(major), int(minor)
+
 
 _requested = os.environ.get("COURSE_DEVICE", "").strip().lower()
 if _requested not in ("", "cpu", "cuda", "compile"):
@@ -51,6 +83,9 @@ else:
             "triton was imported before course. Without a GPU, course switches Triton to its "
             "CPU interpreter, which only works if that happens before triton is imported: "
             "restart the Python kernel and put `import course` first.")
+    _mismatch = interpreter_mismatch()
+    if _mismatch:
+        raise ImportError(_mismatch)
 
 
 def on_gpu() -> bool:

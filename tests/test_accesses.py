@@ -474,3 +474,18 @@ def test_the_two_pass_and_layernorm_checks_picture_an_address_bug_too(checker, e
                         lambda exercise, fn, **kw: used.append(exercise))
     getattr(check, checker)(fn)
     assert used == [exercise]
+
+
+@pytest.mark.parametrize("wrap, given", [
+    (accesses._load, ("ptrs", "mask", "other", "cache_modifier", "eviction_policy", False)),
+    (accesses._load, ("ptrs", "mask", "other", "cache_policy", False)),
+    (accesses._store, ("ptrs", "value", "mask", "cache_modifier", "eviction_policy")),
+    (accesses._store, ("ptrs", "value", "mask", "cache_policy"))])
+def test_the_interpreters_loads_and_stores_get_every_argument_of_either_triton(wrap, given):
+    """Triton 3.6's interpreter builder takes a cache modifier and an eviction policy where
+    3.9's takes one cache policy: the recording's wrappers pass on what they are given (with
+    a fixed list, every kernel failed under 3.6, seen on the GPU machine's image)."""
+    passed = []
+    wrapped = wrap(lambda self, *args: passed.append(args) or "done",
+                   accesses.Recording(), None)
+    assert wrapped("builder", *given) == "done" and passed == [given]

@@ -10,6 +10,7 @@ import concurrent.futures
 import threading
 import types
 import warnings
+from pathlib import Path
 
 from course import check, reference, runtime
 from course.check import sandbox
@@ -971,6 +972,21 @@ def test_a_warning_from_an_autograd_function_becomes_a_note():
         report = check.rmsnorm_autograd(_WarningFunction, seed=1, quiet=True)
     assert report.passed and escaped == []
     assert any("forward saw a new shape" in n for n in report.notes), report.notes
+
+
+def test_the_interpreters_own_deprecations_are_not_the_learners_notes():
+    """Triton 3.6's interpreter with NumPy 2.3 warns of its own int() of an array on every
+    loop: not a note about the learner's function. Its other warnings, and deprecations
+    from anywhere else, still are."""
+    interpreter = str(Path("site-packages", "triton", "runtime", "interpreter.py"))
+    with warnings.catch_warnings(), sandbox.collect_warnings() as texts:
+        warnings.simplefilter("always")
+        for category, filename in ((DeprecationWarning, interpreter),
+                                   (UserWarning, interpreter),
+                                   (DeprecationWarning, "mine.py")):
+            warnings.warn_explicit(f"{category.__name__} in {filename}", category, filename, 1)
+    assert texts == [f"UserWarning: UserWarning in {interpreter} (interpreter.py, line 1)",
+                     "DeprecationWarning: DeprecationWarning in mine.py (mine.py, line 1)"]
 
 
 def _rows_shape_returned(x, weight, eps=1e-6):

@@ -860,17 +860,28 @@ def _place(filename: str, lineno: int) -> str:
     return f"{where}, line {lineno}"
 
 
+def _in_interpreter(filename: str) -> bool:
+    """Whether `filename` is Triton's interpreter (triton/runtime/interpreter.py)."""
+    path = Path(filename)
+    return path.name == "interpreter.py" and path.parent.name == "runtime" and \
+        path.parent.parent.name == "triton"
+
+
 @contextlib.contextmanager
 def collect_warnings() -> Iterator[list[str]]:
     """Warnings raised in the body go to the list yielded ("Category: message (place)",
     once each) instead of stderr. The filters stay as they are: an ignored warning stays
-    ignored, one turned into an error still raises."""
+    ignored, one turned into an error still raises. Left out: deprecations raised in
+    Triton's interpreter itself, which are about its own code, not the learner's (Triton
+    3.6's with NumPy 2.3: "Conversion of an array with ndim > 0 to a scalar")."""
     texts: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         try:
             yield texts
         finally:
             for w in caught:
+                if issubclass(w.category, DeprecationWarning) and _in_interpreter(w.filename):
+                    continue
                 text = (f"{w.category.__name__}: {str(w.message).strip()} "
                         f"({_place(w.filename, w.lineno)})")
                 if text not in texts:
