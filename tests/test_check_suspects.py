@@ -252,7 +252,7 @@ def test_padding_of_ones_is_matched_only_where_the_ones_change_the_answer():
 
 def _stored_up_to(right: torch.Tensor, k: int) -> torch.Tensor:
     with sandbox.watch():  # fresh memory holds the checker's poison
-        y = torch.empty(right.shape, dtype=torch.float32)
+        y = torch.empty(right.shape, dtype=torch.float32, device=right.device)
     y[:, :k] = right[:, :k].float()
     return y
 
@@ -260,7 +260,6 @@ def _stored_up_to(right: torch.Tensor, k: int) -> torch.Tensor:
 def test_whole_blocks_are_matched_only_where_a_loop_shows_them():
     t, case = _inputs((3, 3000))
     right = reference.rmsnorm(t["x"], t["weight"], eps=case.eps)
-    x, w = t["x"].double(), t["weight"].double()
     x, w = t["x"].double(), t["weight"].double()
 
     def summed_up_to(k):
