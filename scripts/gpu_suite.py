@@ -19,6 +19,12 @@ test_grader.py took more than 9.5 minutes: give them two calls, half the files e
 H200: test_solution_kernels.py with test_ready_launch.py 4 min; notebooks 7 to 19 s a
 chapter, chapter 08 92 s; on an H100, `pytest tests/test_grader.py -k test_on_a_gpu -s`
 about 6 min. Write --out under the call's $OUT: pytest.log is written as the tests run.
+
+The image's Python and Triton (3.12 and 3.6 in 2026-11) are not CI's (3.11 and 3.9), and
+faults of their own hid there (docs/sweeps/2026-11-29-python312): run the walls, tamper and
+verifier tests on it too (with pytest-xdist's wheel carried, `pytest -n 14 tests/test_walls*.py
+tests/test_oracle_refusals.py tests/test_verify.py ...`: 2 minutes), and the CPU suite with
+the GPU hidden (`CUDA_VISIBLE_DEVICES= pytest -n 15 --dist loadfile tests`).
 """
 
 from __future__ import annotations
