@@ -13,8 +13,8 @@ put back at the end; threads the call starts get the hook too (`threading.setpro
 on Python 3.12 and later so do threads already running (`threading.setprofile_all_threads`:
 a worker started before the call, handed work during it).
 A call that switched the hook off (`sys.setprofile(None)`, or `threading.setprofile(None)`
-for the threads it starts) or put another in its place left
-the check blind to part of what it ran: `switched_off` says so, and the checks refuse it.
+for the threads it starts) or put another in its place left the check blind to part of
+what it ran: `switched_off` says so, and the checks refuse it.
 """
 
 from __future__ import annotations
