@@ -22,8 +22,10 @@ import torch
 
 def interpreter_mismatch(triton_version: str | None = None,
                          numpy_version: str | None = None) -> str | None:
-    """Why Triton's interpreter cannot run kernels with these versions, or None. Before
-    Triton 3.7 its interpreter turns a scalar (a one-element array) into a Python int with
+    """Why the course cannot run kernels in Triton's interpreter with these versions, or
+    None. The checks know the interpreter of Triton 3.6 and later (in 3.5 a launch does not
+    go through `InterpretedFunction.run`, and every check saw no kernel launched). Before
+    Triton 3.7 the interpreter turns a scalar (a one-element array) into a Python int with
     int(), which NumPy 2.4 and later refuse: every `range` over a kernel argument fails
     with "only 0-dimensional arrays can be converted to Python scalars"."""
     from importlib import metadata
@@ -35,6 +37,10 @@ def interpreter_mismatch(triton_version: str | None = None,
     except metadata.PackageNotFoundError:
         return None
     numpy_version = numpy_version or numpy.__version__
+    if _release(triton_version) < (3, 6):
+        return (f"the course's checks need Triton 3.6 or later to run kernels on the CPU, "
+                f"and this is Triton {triton_version}: pip install 'triton>=3.7', then "
+                f"restart the Python kernel (on a GPU, kernels run without the interpreter)")
     if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
         return (f"Triton {triton_version}'s CPU interpreter cannot run kernels with NumPy "
                 f"{numpy_version} (its loops fail with 'only 0-dimensional arrays can be "
