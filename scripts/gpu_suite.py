@@ -24,7 +24,10 @@ The image's Python and Triton (3.12 and 3.6 in 2026-11) are not CI's (3.11 and 3
 faults of their own hid there (docs/sweeps/2026-11-29-python312): run the walls, tamper and
 verifier tests on it too (with pytest-xdist's wheel carried, `pytest -n 14 tests/test_walls*.py
 tests/test_oracle_refusals.py tests/test_verify.py ...`: 2 minutes), and the CPU suite with
-the GPU hidden (`CUDA_VISIBLE_DEVICES= pytest -n 15 --dist loadfile tests`).
+the GPU hidden (`CUDA_VISIBLE_DEVICES= pytest -n 15 --dist loadfile tests`). That image's
+Triton 3.6 interpreter cannot run with its NumPy (2.4 or later), and `import course` in
+interpreter mode says so and stops (the tests that start COURSE_DEVICE=cpu processes
+included): carry a wheel of NumPy before 2.4 with the others.
 """
 
 from __future__ import annotations
