@@ -1,30 +1,29 @@
 """Where a backward's host time goes: calls back to back (100, then one sync), median of
-rounds, interleaved. GPU only."""
+rounds, interleaved. GPU only. Run from the checkout's root.
+
+Timed with course.bench.time_back_to_back (one warm-up call, 100 calls, one
+synchronisation: `course bench --timer host`'s protocol, one round at a time). The run of
+2026-11-29 timed the same loop written out here; this file calls the course's instead."""
+import importlib
 import statistics
 import sys
-import time
-
-import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-import importlib  # noqa: E402
+import course  # noqa: E402,F401  (mode first)
+from course.bench import time_back_to_back  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 LN = importlib.import_module("solutions.kernels.layernorm")
 RN = importlib.import_module("solutions.kernels.rmsnorm")
 
 dev = "cuda"
-print(torch.cuda.get_device_name(), torch.__version__, sys.version.split()[0], flush=True)
 
 
-def host(fn, calls=100):
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
+def host(fn) -> float:
+    """µs a call: one warm-up call, then 100 back to back and one synchronisation."""
+    return time_back_to_back([fn], warmup=1, reps=1).times_s[0] * 1e6
 
 
 class Nothing(torch.autograd.Function):
@@ -40,23 +39,13 @@ class Nothing(torch.autograd.Function):
         return dy, dy[0], None
 
 
-class NothingSaved(torch.autograd.Function):
+class NothingSaved(Nothing):
     @staticmethod
     def forward(ctx, x, w, eps):
         return RN._forward(x, w, eps, None, False, None)[0]
 
-    @staticmethod
-    def backward(ctx, dy):
-        return dy, dy[0], None
 
-
-class Unpacks(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, eps):
-        y, _, rstd = RN._forward(x, w, eps, None, True, None)
-        ctx.save_for_backward(x, w, rstd)
-        return y
-
+class Unpacks(Nothing):
     @staticmethod
     def backward(ctx, dy):
         x, w, rstd = ctx.saved_tensors
@@ -95,12 +84,18 @@ def cases(M, N):
     return out
 
 
-for M, N in ((1, 4096), (8, 4096), (64, 4096), (64, 8192)):
-    fns = cases(M, N)
-    got = {k: [] for k in fns}
-    for _ in range(15):
-        for k, f in fns.items():
-            got[k].append(host(f))
-    print(f"\n{M} x {N}: us a call, median of 15 rounds of 100")
-    for k, v in got.items():
-        print(f"  {k:28s} {statistics.median(v):7.1f}   (min {min(v):.1f})")
+def main() -> None:
+    print(torch.cuda.get_device_name(), torch.__version__, sys.version.split()[0], flush=True)
+    for M, N in ((1, 4096), (8, 4096), (64, 4096), (64, 8192)):
+        fns = cases(M, N)
+        got = {k: [] for k in fns}
+        for _ in range(15):
+            for k, f in fns.items():
+                got[k].append(host(f))
+        print(f"\n{M} x {N}: us a call, median of 15 rounds of 100")
+        for k, v in got.items():
+            print(f"  {k:28s} {statistics.median(v):7.1f}   (min {min(v):.1f})")
+
+
+if __name__ == "__main__":
+    main()
