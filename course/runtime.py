@@ -37,11 +37,12 @@ def interpreter_mismatch(triton_version: str | None = None,
     except metadata.PackageNotFoundError:
         return None
     numpy_version = numpy_version or numpy.__version__
-    if _release(triton_version) < (3, 6):
+    triton_release = _release(triton_version)
+    if triton_release < (3, 6):
         return (f"the course's checks need Triton 3.6 or later to run kernels on the CPU, "
                 f"and this is Triton {triton_version}: pip install 'triton>=3.7', then "
                 f"restart the Python kernel (on a GPU, kernels run without the interpreter)")
-    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+    if triton_release < (3, 7) and _release(numpy_version) >= (2, 4):
         return (f"Triton {triton_version}'s CPU interpreter cannot run kernels with NumPy "
                 f"{numpy_version} (its loops fail with 'only 0-dimensional arrays can be "
                 f"converted to Python scalars'): pip install 'triton>=3.7', or 'numpy<2.4', "

@@ -862,9 +862,7 @@ def _place(filename: str, lineno: int) -> str:
 
 def _in_interpreter(filename: str) -> bool:
     """Whether `filename` is Triton's interpreter (triton/runtime/interpreter.py)."""
-    path = Path(filename)
-    return path.name == "interpreter.py" and path.parent.name == "runtime" and \
-        path.parent.parent.name == "triton"
+    return Path(filename).parts[-3:] == ("triton", "runtime", "interpreter.py")
 
 
 @contextlib.contextmanager

@@ -199,7 +199,7 @@ class _Places:
                     if path.startswith(self.site) and not path.startswith(self.runners):
                         return LIBRARY
                     return NONE
-                if action is not None:  # asked: what this frame's caller must name
+                if named and action is not None:  # asked: what its caller must name
                     called = None if code.co_flags & RESUMED else \
                         tuple(getattr(code, "co_qualname", code.co_name).split("."))  # 3.10
             frame = frame.f_back
