@@ -21,7 +21,7 @@ layernorm_module = importlib.import_module("solutions.kernels.layernorm")
 column_sums_module = importlib.import_module("solutions.kernels.column_sums")
 KEPT = (rmsnorm_module._READY_FORWARDS, rmsnorm_module._READY_BACKWARDS,
         layernorm_module._READY_FORWARDS, layernorm_module._READY_BACKWARDS,
-        column_sums_module._READY)
+        column_sums_module._READY, rmsnorm_module._KEPT_NODES, layernorm_module._KEPT_NODES)
 
 
 def _forget():

@@ -168,36 +168,58 @@ done:
   return status;
 }
 
+/* Fill in the per-call values, already raw (a pointer, or a float32's bits, in the low
+ * bytes of each), and launch on `stream`. Touches no Python object, so native code may call
+ * it without the GIL (kept_backward.cpp does, from autograd's worker thread). Returns 0 or
+ * the driver's error; `failed` names the call that gave it. */
+static CUresult launch_raw(const Launch *self, const uint64_t *values, void *stream,
+                           const char **failed) {
+  uint64_t cells[MAX_PARAMS];
+  void *params[MAX_PARAMS];  /* params[i] = &cells[i], what cuLaunchKernel reads */
+  memcpy(cells, self->cells, self->n_params * sizeof *cells);
+  for (Py_ssize_t i = 0; i < self->n_params; i++) params[i] = &cells[i];
+  for (Py_ssize_t s = 0; s < self->n_slots; s++)
+    memcpy(&cells[self->slot[s]], &values[s], self->kind[s] == 'f' ? sizeof(float) : 8);
+  CUcontext context = NULL;
+  CUresult code = cu_current_context(&context);
+  if (code != 0) return *failed = "cuCtxGetCurrent", code;
+  if (!context) {  /* a thread CUDA was not used on yet: the device's primary context */
+    int device;
+    if ((code = cu_device_get(&device, self->ordinal)) != 0)
+      return *failed = "cuDeviceGet", code;
+    if ((code = cu_primary_context(&context, device)) != 0)
+      return *failed = "cuDevicePrimaryCtxRetain", code;
+    if ((code = cu_set_context(context)) != 0) return *failed = "cuCtxSetCurrent", code;
+  }
+  code = cu_launch(self->function, self->grid[0], self->grid[1], self->grid[2], self->block,
+                   1, 1, self->shared, (CUstream)stream, params, NULL);
+  return *failed = "cuLaunchKernel", code;
+}
+
 /* run(*values): fill in the per-call parameters and launch on the current stream. */
 static PyObject *launch_run(Launch *self, PyObject *const *values, Py_ssize_t n_values) {
   if (n_values != self->n_slots)
     return PyErr_Format(PyExc_TypeError, "kept_launch: run takes %zd values, %zd given",
                         self->n_slots, n_values);
-  uint64_t cells[MAX_PARAMS];
-  void *params[MAX_PARAMS];  /* params[i] = &cells[i], what cuLaunchKernel reads */
-  memcpy(cells, self->cells, self->n_params * sizeof *cells);
-  for (Py_ssize_t i = 0; i < self->n_params; i++) params[i] = &cells[i];
+  uint64_t raw[MAX_PARAMS] = {0};
   for (Py_ssize_t s = 0; s < n_values; s++) {
-    void *cell = &cells[self->slot[s]];
     PyObject *value = values[s];
     if (self->kind[s] == 'f') {
       float f = (float)PyFloat_AsDouble(value);
       if (f == -1.0f && PyErr_Occurred()) return NULL;
-      memcpy(cell, &f, sizeof f);
-    } else {
-      uint64_t pointer = 0;
-      Py_ssize_t earlier = 0;  /* a tensor passed twice (a wrapper's stand-in): asked once */
-      while (earlier < s && (values[earlier] != value || self->kind[earlier] != 'p')) earlier++;
-      if (earlier < s) {
-        memcpy(&pointer, &cells[self->slot[earlier]], sizeof pointer);
-      } else if (value != Py_None) {
-        PyObject *address = PyObject_CallMethodNoArgs(value, data_ptr_name);
-        if (!address) return NULL;
-        pointer = PyLong_AsUnsignedLongLong(address);
-        Py_DECREF(address);
-        if (pointer == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-      }
-      memcpy(cell, &pointer, sizeof pointer);
+      memcpy(&raw[s], &f, sizeof f);
+      continue;
+    }
+    Py_ssize_t earlier = 0;  /* a tensor passed twice (a wrapper's stand-in): asked once */
+    while (earlier < s && (values[earlier] != value || self->kind[earlier] != 'p')) earlier++;
+    if (earlier < s) {
+      raw[s] = raw[earlier];
+    } else if (value != Py_None) {
+      PyObject *address = PyObject_CallMethodNoArgs(value, data_ptr_name);
+      if (!address) return NULL;
+      raw[s] = PyLong_AsUnsignedLongLong(address);
+      Py_DECREF(address);
+      if (raw[s] == (uint64_t)-1 && PyErr_Occurred()) return NULL;
     }
   }
   PyObject *stream_obj = PyObject_CallOneArg(self->stream_of, self->device);
@@ -205,20 +227,9 @@ static PyObject *launch_run(Launch *self, PyObject *const *values, Py_ssize_t n_
   uint64_t stream = PyLong_AsUnsignedLongLong(stream_obj);
   Py_DECREF(stream_obj);
   if (stream == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-  CUcontext context = NULL;
-  CUresult code = cu_current_context(&context);
-  if (code != 0) return driver_error("cuCtxGetCurrent", code);
-  if (!context) {  /* a thread CUDA was not used on yet: the device's primary context */
-    int device;
-    if ((code = cu_device_get(&device, self->ordinal)) != 0)
-      return driver_error("cuDeviceGet", code);
-    if ((code = cu_primary_context(&context, device)) != 0)
-      return driver_error("cuDevicePrimaryCtxRetain", code);
-    if ((code = cu_set_context(context)) != 0) return driver_error("cuCtxSetCurrent", code);
-  }
-  code = cu_launch(self->function, self->grid[0], self->grid[1], self->grid[2], self->block,
-                   1, 1, self->shared, (CUstream)(uintptr_t)stream, params, NULL);
-  if (code != 0) return driver_error("cuLaunchKernel", code);
+  const char *failed = "";
+  CUresult code = launch_raw(self, raw, (void *)(uintptr_t)stream, &failed);
+  if (code != 0) return driver_error(failed, code);
   Py_RETURN_NONE;
 }
 
@@ -249,6 +260,13 @@ PyMODINIT_FUNC PyInit_kept_launch(void) {
   Py_INCREF(&LaunchType);
   if (PyModule_AddObject(m, "Launch", (PyObject *)&LaunchType) < 0) {
     Py_DECREF(&LaunchType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  /* launch_raw for native code: kept_backward.cpp takes it from this capsule */
+  PyObject *raw = PyCapsule_New((void *)launch_raw, "kept_launch.launch_raw", NULL);
+  if (!raw || PyModule_AddObject(m, "launch_raw", raw) < 0) {
+    Py_XDECREF(raw);
     Py_DECREF(m);
     return NULL;
   }

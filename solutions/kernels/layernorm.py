@@ -60,9 +60,10 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.column_sums import partial_rows, summed, summer
+from solutions.kernels.kept_backward import Source, keep_node
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
-from solutions.kernels.ready_launch import launch_key, ready_launch
+from solutions.kernels.ready_launch import hooked, knobs, launch_key, ready_launch
 from solutions.kernels.row_loads import (
     bias_or_zeros,
     columns_in_row,
@@ -786,7 +787,10 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None,
     if torch.is_grad_enabled() and (x.requires_grad  # (no generator: this runs every call)
                                     or (weight is not None and weight.requires_grad)
                                     or (bias is not None and bias.requires_grad)):
-        return LayerNormFunction.apply(x, weight, bias, eps)
+        kept = _KEPT_NODES.get(launch_key(x, weight, bias))
+        if kept is None or hooked(knobs.runtime.launch_enter_hook):
+            return LayerNormFunction.apply(x, weight, bias, eps)
+        return kept.forward(x, weight, bias, check_eps(eps))  # y's grad_fn: a C++ node
     return _forward(x, weight, bias, eps, False, None)[0]
 
 
@@ -800,13 +804,38 @@ class LayerNormFunction(torch.autograd.Function):
         ctx.param_dtype = (weight.dtype if weight is not None
                            else bias.dtype if bias is not None else x.dtype)
         ctx.has_bias = bias is not None
+        ctx.node_key = launch_key(x, weight, bias)  # where keep_node keeps a node
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = layernorm_backward(x, weight, mean, rstd, dy.contiguous(),
-                                        ctx.param_dtype)
+        dy = dy.contiguous()
+        dx, dw, db = layernorm_backward(x, weight, mean, rstd, dy, ctx.param_dtype)
+        keep_node(_KEPT_NODES, ctx.node_key, _READY_FORWARDS.get(
+            ctx.node_key and ctx.node_key + (True,)), _READY_BACKWARDS.get(
+            launch_key(x, weight, mean, rstd, dy, ctx.param_dtype)), dy, x, _NODE_SOURCES,
+            3, 2, ctx.param_dtype, _python_backward(ctx.param_dtype),
+            "LayerNormBackward (kept_backward.cpp)")
         dw = dw if weight is not None and ctx.needs_input_grad[1] else None
         db = db if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None
+
+
+# Plans of the forward with grads on and its backward node, in C++ (kept_backward.py), by
+# launch_key(x, weight, bias): what layernorm runs once a layout's backward has kept its
+# launches. Where the per-call arguments of the forward (_FORWARD_PER_CALL) and the
+# backward (_BACKWARD_PER_CALL) come from: x, the parameters (or the launch's stand-in), y,
+# the row's mean and rstd, eps; the gradient, dx, the partial rows. Another gradient's
+# layout goes to Python.
+_KEPT_NODES: dict = {}
+_NODE_SOURCES = ((Source.X, Source.WEIGHT, Source.BIAS, Source.Y, Source.STAT0, Source.STAT1,
+                  Source.EPS),
+                 (Source.X, Source.WEIGHT, Source.GRAD, Source.STAT0, Source.STAT1, Source.DX,
+                  Source.PARTIALS))
+
+
+def _python_backward(param_dtype: torch.dtype):
+    def backward(x, weight, mean, rstd, dy):
+        return layernorm_backward(x, weight, mean, rstd, dy.contiguous(), param_dtype)
+    return backward

@@ -67,9 +67,10 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.column_sums import partial_rows, summed, summer
+from solutions.kernels.kept_backward import Source, keep_node
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
-from solutions.kernels.ready_launch import launch_key, ready_launch
+from solutions.kernels.ready_launch import hooked, knobs, launch_key, ready_launch
 from solutions.kernels.row_loads import (
     columns_in_row,
     load_row_piece,
@@ -716,7 +717,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
     """RMSNorm over the last dimension; differentiable (see RMSNormFunction)."""
     if torch.is_grad_enabled() and (x.requires_grad or
                                     (weight is not None and weight.requires_grad)):
-        return RMSNormFunction.apply(x, weight, eps)
+        kept = _KEPT_NODES.get(launch_key(x, weight))
+        if kept is None or hooked(knobs.runtime.launch_enter_hook):
+            return RMSNormFunction.apply(x, weight, eps)
+        return kept.forward(x, weight, None, check_eps(eps))  # y's grad_fn: a C++ node
     return _forward(x, weight, eps, None, False, None)[0]
 
 
@@ -740,7 +744,27 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = rmsnorm_backward(x, weight, rstd, dy.contiguous())
+        dy = dy.contiguous()
+        dx, dw = rmsnorm_backward(x, weight, rstd, dy)
+        keep_node(_KEPT_NODES, launch_key(x, weight), _READY_FORWARDS.get(
+            launch_key(x, weight, None, True)), _READY_BACKWARDS.get(
+            launch_key(x, weight, rstd, dy)), dy, x, _NODE_SOURCES, 2, 1,
+            weight.dtype if weight is not None else x.dtype, _python_backward,
+            "RMSNormBackward (kept_backward.cpp)")
         if weight is None or not ctx.needs_input_grad[1]:
             dw = None
         return dx, dw, None
+
+
+# Plans of the forward with grads on and its backward node, in C++ (kept_backward.py), by
+# launch_key(x, weight): what rmsnorm runs once a layout's backward has kept its launches.
+# Where the per-call arguments of the forward (_FORWARD_PER_CALL) and the backward
+# (_BACKWARD_PER_CALL) come from: x, the weight (or the launch's stand-in), y, the row's
+# rstd, eps; the gradient, dx, the partial rows. Another gradient's layout goes to Python.
+_KEPT_NODES: dict = {}
+_NODE_SOURCES = ((Source.X, Source.Y, Source.WEIGHT, Source.Y, Source.Y, Source.STAT0, Source.EPS),
+                 (Source.X, Source.WEIGHT, Source.GRAD, Source.STAT0, Source.DX, Source.PARTIALS))
+
+
+def _python_backward(x, weight, rstd, dy):
+    return rmsnorm_backward(x, weight, rstd, dy.contiguous())

@@ -1,0 +1,252 @@
+// The reference wrappers' kept launches with grads on, in C++: the forward and a backward
+// node. A Python torch.autograd.Function runs its backward as Python on autograd's worker
+// thread, which costs more than PyTorch's whole fused backward
+// (docs/sweeps/2026-11-29-backward-host). Here `forward` allocates y and the row statistics,
+// launches the kept forward and gives y a KeptBackward node; the node allocates dx and the
+// partial rows, launches the kept backward, then the column sums, with no Python at all.
+// The kernels are kept_launch.c's Launches, run through its launch_raw. A gradient of any
+// other layout goes to the Python backward (`fallback`). Built by kept_backward.py.
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/utils/pybind.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cstring>
+#include <type_traits>
+
+namespace py = pybind11;
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+// kept_launch.c's launch_raw: fill in the raw per-call values and launch on the stream
+using RawLaunch = int (*)(const void *launch, const uint64_t *values, void *stream,
+                          const char **failed);
+static RawLaunch launch_raw = nullptr;
+
+// Where each per-call argument of a kept launch comes from: an input (x 0, the weight 1,
+// the bias 2; where it is None, the launch's stand-in: y, or dx), or one of these.
+// kept_backward.py names the same values.
+constexpr int kY = -1, kGrad = -2, kDx = -3, kPartials = -4, kStat0 = -10, kStat1 = -11,
+              kEps = -20;
+constexpr int kMaxArguments = 16;
+
+struct Plan {
+  py::object forward, backward, sums, fallback;  // Launches (sums may be None); Python
+  const void *forward_launch = nullptr, *backward_launch = nullptr, *sums_launch = nullptr;
+  std::vector<int> forward_sources, backward_sources;  // per per-call argument, as above
+  int64_t inputs = 0, stats = 0;     // x and its parameters; float32 statistics a row
+  std::vector<int64_t> partials_shape;  // (sets, n) or (sets, programs, n)
+  at::ScalarType partials_dtype, sums_dtype;
+  std::string name;
+
+  ~Plan() {  // Python objects let go with the GIL; none left after Python has finished
+    if (!Py_IsInitialized()) {
+      forward.release(), backward.release(), sums.release(), fallback.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    forward = backward = sums = fallback = py::object();
+  }
+};
+
+static void launch(const void *kept, const uint64_t *values, const at::Tensor &on) {
+  void *stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+                     ->getStream(on.device()).native_handle();
+  const char *failed = "";
+  int code = launch_raw(kept, values, stream, &failed);
+  TORCH_CHECK(code == 0, "kept launch: ", failed, " failed (CUDA error ", code, ")");
+}
+
+static uint64_t address(const at::Tensor &t) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()));
+}
+
+// The per-call values of a launch: `inputs` (an undefined one: `stand_in`), `named` the
+// tensors kY... kPartials stand for, `stats` the (stats, rows) float32 statistics.
+static void fill(uint64_t *values, const std::vector<int> &sources, const at::Tensor *inputs,
+                 const at::Tensor &stand_in, const at::Tensor &y, const at::Tensor &dy,
+                 const at::Tensor &dx, const at::Tensor &partials, const at::Tensor &stats,
+                 double eps) {
+  for (size_t i = 0; i < sources.size(); i++) {
+    int source = sources[i];
+    if (source >= 0) {
+      values[i] = address(inputs[source].defined() ? inputs[source] : stand_in);
+    } else if (source == kStat0 || source == kStat1) {
+      values[i] = address(stats) + (kStat0 - source) * stats.stride(0) * sizeof(float);
+    } else if (source == kEps) {
+      float f = static_cast<float>(eps);
+      values[i] = 0;
+      std::memcpy(&values[i], &f, sizeof f);
+    } else {
+      values[i] = address(source == kY ? y : source == kGrad ? dy : source == kDx ? dx
+                                                                               : partials);
+    }
+  }
+}
+
+// Strides exactly a contiguous tensor's of this shape (is_contiguous lets a dimension of
+// size 1 have any stride; the kept launch's key does not)
+static bool packed(const at::Tensor &t) {
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; d--) {
+    if (t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+struct KeptBackward : Node {
+  std::shared_ptr<Plan> plan;
+  SavedVariable x, weight, stats;  // the statistics as the forward made them, (stats, rows)
+
+  std::string name() const override { return plan->name; }
+  void release_variables() override {
+    x.reset_data(), weight.reset_data(), stats.reset_data();
+  }
+
+  variable_list apply(variable_list &&grads) override {
+    const at::Tensor &dy = grads[0];
+    at::Tensor inputs[3] = {x.unpack(), weight.unpack(), at::Tensor()};
+    at::Tensor row_stats = stats.unpack();
+    const at::Tensor &xt = inputs[0];
+    variable_list out(num_outputs());
+    if (!dy.defined()) return out;
+    // the layout the kept launch was made for: y's (contiguous, x's shape and dtype)
+    if (!xt.is_cuda() || dy.sizes() != xt.sizes() || !packed(dy) ||
+        dy.scalar_type() != xt.scalar_type() || dy.device() != xt.device() ||
+        address(dy) % 16 != 0)
+      return python_backward(inputs, row_stats, dy);
+    at::Tensor dx = at::empty_like(xt);  // as the Python kept path: torch.empty_like(x)
+    at::Tensor partials =
+        at::empty(plan->partials_shape, xt.options().dtype(plan->partials_dtype));
+    uint64_t values[kMaxArguments];
+    fill(values, plan->backward_sources, inputs, dx, at::Tensor(), dy, dx, partials,
+         row_stats, 0.0);
+    launch(plan->backward_launch, values, xt);
+    out[0] = dx;
+    bool any_parameter = false;
+    for (size_t i = 1; i < out.size(); i++) any_parameter |= task_should_compute_output(i);
+    if (!any_parameter) return out;
+    at::Tensor sums = partials;  // one program wrote the sums themselves
+    if (plan->sums_launch) {
+      sums = at::empty({plan->partials_shape[0], plan->partials_shape.back()},
+                       xt.options().dtype(plan->sums_dtype));
+      uint64_t sum_values[2] = {address(partials), address(sums)};
+      launch(plan->sums_launch, sum_values, xt);
+    }
+    for (size_t i = 1; i < out.size(); i++)
+      if (task_should_compute_output(i)) out[i] = sums.select(0, i - 1);
+    return out;
+  }
+
+  // fallback(x, weight, *statistics, dy) -> a gradient per input (or None)
+  variable_list python_backward(const at::Tensor *inputs, const at::Tensor &row_stats,
+                                const at::Tensor &dy) {
+    py::gil_scoped_acquire gil;
+    py::list args;
+    for (int i = 0; i < 2; i++)
+      args.append(inputs[i].defined() ? py::cast(inputs[i]) : py::none());
+    for (int64_t k = 0; k < plan->stats; k++) args.append(py::cast(row_stats.select(0, k)));
+    args.append(py::cast(dy));
+    py::tuple grads = plan->fallback(*args);
+    variable_list out(num_outputs());
+    for (size_t i = 0; i < out.size() && i < grads.size(); i++)
+      if (!grads[i].is_none() && task_should_compute_output(i))
+        out[i] = grads[i].cast<at::Tensor>();
+    return out;
+  }
+};
+
+// The node's pointer as this torch keeps nodes: a shared_ptr up to torch 2.12, an
+// intrusive_ptr after.
+using NodePtr = decltype(torch::autograd::Edge().function);
+template <class Pointer = NodePtr>
+static Pointer new_node(KeptBackward *&node) {
+  if constexpr (std::is_same_v<Pointer, std::shared_ptr<Node>>) {
+    auto made = std::make_shared<KeptBackward>();
+    node = made.get();
+    return made;
+  } else {
+    auto made = c10::make_intrusive<KeptBackward>();
+    node = made.get();
+    return made;
+  }
+}
+
+using MaybeTensor = std::optional<at::Tensor>;
+
+// y's history: a node of `plan` over x and its parameters, keeping x, the weight and the
+// forward's statistics ((stats, rows) float32) for the backward.
+static at::Tensor attach(const std::shared_ptr<Plan> &plan, at::Tensor y, const at::Tensor &x,
+                         const MaybeTensor &weight, const MaybeTensor &bias,
+                         const at::Tensor &stats) {
+  variable_list edges_of = {x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())};
+  edges_of.resize(plan->inputs);
+  KeptBackward *node = nullptr;
+  NodePtr pointer = new_node(node);
+  node->plan = plan;
+  node->set_next_edges(torch::autograd::collect_next_edges(edges_of));
+  node->x = SavedVariable(x, false);
+  node->weight = SavedVariable(weight.value_or(at::Tensor()), false);
+  node->stats = SavedVariable(stats, false);
+  torch::autograd::set_history(y, pointer);
+  return y;
+}
+
+// The kept forward with grads on: y and its statistics allocated and launched as the
+// Python kept path does, y given the node. The caller has looked up the plan by the
+// layouts of x and its parameters, and checked eps.
+static at::Tensor forward(const std::shared_ptr<Plan> &plan, const at::Tensor &x,
+                          const MaybeTensor &weight, const MaybeTensor &bias, double eps) {
+  at::Tensor y = at::empty_like(x);
+  std::vector<int64_t> stats_shape = {plan->stats};
+  stats_shape.insert(stats_shape.end(), x.sizes().begin(), x.sizes().end() - 1);
+  at::Tensor stats = at::empty(stats_shape, x.options().dtype(at::kFloat));
+  at::Tensor inputs[3] = {x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())};
+  uint64_t values[kMaxArguments];
+  fill(values, plan->forward_sources, inputs, y, y, at::Tensor(), at::Tensor(), at::Tensor(),
+       stats, eps);
+  launch(plan->forward_launch, values, x);
+  return attach(plan, y, x, weight, bias, stats);
+}
+
+PYBIND11_MODULE(kept_backward, m) {
+  py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan")
+      .def(py::init([](py::object forward, py::object backward, py::object sums,
+                       py::object raw, std::vector<int> forward_sources,
+                       std::vector<int> backward_sources, int64_t inputs, int64_t stats,
+                       std::vector<int64_t> partials_shape, at::ScalarType partials_dtype,
+                       at::ScalarType sums_dtype, py::object fallback, std::string name) {
+             if (!launch_raw)
+               launch_raw = reinterpret_cast<RawLaunch>(
+                   PyCapsule_GetPointer(raw.ptr(), "kept_launch.launch_raw"));
+             if (!launch_raw) throw py::error_already_set();
+             TORCH_CHECK(forward_sources.size() <= kMaxArguments &&
+                             backward_sources.size() <= kMaxArguments,
+                         "kept launch: at most 16 per-call arguments");
+             TORCH_CHECK(inputs >= 1 && inputs <= 3 && stats >= 1 && stats <= 2,
+                         "kept launch: x and up to two parameters, one or two statistics");
+             auto plan = std::make_shared<Plan>();
+             plan->forward = forward, plan->backward = backward, plan->sums = sums;
+             plan->fallback = fallback;
+             plan->forward_launch = forward.ptr();
+             plan->backward_launch = backward.ptr();
+             plan->sums_launch = sums.is_none() ? nullptr : sums.ptr();
+             plan->forward_sources = std::move(forward_sources);
+             plan->backward_sources = std::move(backward_sources);
+             plan->inputs = inputs, plan->stats = stats;
+             plan->partials_shape = std::move(partials_shape);
+             plan->partials_dtype = partials_dtype, plan->sums_dtype = sums_dtype;
+             plan->name = std::move(name);
+             return plan;
+           }),
+           "Plan(forward, backward, sums, launch_raw, forward_sources, backward_sources, "
+           "inputs, stats, partials_shape, partials_dtype, sums_dtype, fallback, name)")
+      .def("forward", &forward, "forward(x, weight, bias, eps) -> y, its grad_fn a node",
+           py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"))
+      .def("attach", &attach,
+           "attach(y, x, weight, bias, stats) -> y, its grad_fn a node keeping x, the "
+           "weight and stats ((statistics, rows) float32)");
+}

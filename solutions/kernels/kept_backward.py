@@ -1,0 +1,154 @@
+"""The reference wrappers' kept launches with grads on, in C++ (`kept_backward.cpp`).
+
+Through `torch.autograd`, a `torch.autograd.Function`'s backward runs as Python on autograd's
+worker thread: launching nothing, that alone costs 56 to 80 us a call on an H200 host, where
+`F.rms_norm`'s whole backward costs 72 to 97 (docs/sweeps/2026-11-29-backward-host). Once a
+layout's backward has run through the Function and kept its launches (`ready_launch.py`),
+the wrappers keep a `Plan` for that layout (`keep_node`). A later forward with grads on
+then runs `plan.forward`: it allocates y and the row statistics, launches the kept forward
+and gives y a node of `kept_backward.cpp`, all in C++. The node allocates and launches the
+kept backward and column sums from C++ (`kept_launch.c`'s launch_raw), and hands a
+gradient of any other layout to the Python backward. docs/sweeps/2026-11-29-backward-node.
+
+The module is built against the installed torch's headers with the C++ compiler, in a
+thread of its own on first use (tens of seconds), and kept in a cache folder; until it is
+built, or where it cannot be (no compiler, no headers), the wrappers keep the Function.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kept_backward.cpp")
+
+
+class Source(enum.IntEnum):
+    """Where a per-call argument of a kept launch comes from (kept_backward.cpp's values): an
+    input (where it is None, the launch's stand-in: y, or dx), an output, a statistic."""
+    X, WEIGHT, BIAS = 0, 1, 2
+    Y, GRAD, DX, PARTIALS = -1, -2, -3, -4
+    STAT0, STAT1 = -10, -11  # the first and second statistic a row (rstd; or mean, rstd)
+    EPS = -20
+
+_module = None  # the built module; False where the build failed
+_builder: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(os.environ.get("NORM_KERNELS_CACHE") or os.path.join(root, "norm-kernels"))
+
+
+def build_command(source: Path, target: Path) -> list[str]:
+    """The compiler call that builds `source` into the extension `target` for this torch."""
+    from torch.utils import cpp_extension
+    includes = [sysconfig.get_paths()["include"], *cpp_extension.include_paths()]
+    libraries = cpp_extension.library_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [os.environ.get("CXX") or "c++", "-O2", "-std=c++20", "-shared", "-fPIC",
+            "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *(f"-I{path}" for path in includes), str(source), "-o", str(target),
+            *(f"-L{path}" for path in libraries), *(f"-Wl,-rpath,{path}" for path in libraries),
+            "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
+def build(folder: Path | None = None):
+    """Build (or find already built) and import kept_backward.cpp's module."""
+    source = SOURCE.read_text()
+    tag = hashlib.sha256("\n".join(
+        (source, torch.__version__, str(torch.version.git_version), sys.version,
+         str(torch._C._GLIBCXX_USE_CXX11_ABI))).encode()).hexdigest()[:16]
+    folder = folder or cache_dir()
+    target = folder / f"kept_backward-{tag}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not target.exists():
+        if shutil.which(os.environ.get("CXX") or "c++") is None:
+            raise RuntimeError("no C++ compiler (c++, or $CXX) was found")
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")  # another process
+        result = subprocess.run(build_command(SOURCE, partial), capture_output=True, text=True)
+        if result.returncode != 0:
+            partial.unlink(missing_ok=True)
+            raise RuntimeError(f"c++ failed:\n{result.stderr[-3000:]}")
+        os.replace(partial, target)  # may build it too: each renames a whole file
+    spec = importlib.util.spec_from_file_location("kept_backward", target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build_in_background() -> None:
+    global _module
+    try:
+        module = build()
+    except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as error:
+        warnings.warn(f"kept_backward.cpp could not be built ({error}); the reference "
+                      f"kernels' backwards stay torch.autograd.Functions", stacklevel=2)
+        module = False
+    _module = module
+
+
+def module(wait: bool = False):
+    """The built module, or None while it is being built (the first call starts that) or
+    where it could not be; `wait` waits for the build."""
+    global _builder
+    if _module is None:
+        with _lock:
+            if _builder is None:
+                _builder = threading.Thread(target=_build_in_background, daemon=True,
+                                            name="kept_backward build")
+                _builder.start()
+        if wait:
+            _builder.join()
+    return _module or None
+
+
+def packed_strides(shape) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of `shape`, every one (a dimension of size 1 too)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def keep_node(nodes: dict, key, forward, backward, dy: torch.Tensor, x: torch.Tensor,
+              sources: tuple[tuple[int, ...], tuple[int, ...]], inputs: int, stats: int,
+              sums_dtype: torch.dtype, fallback, name: str) -> None:
+    """After a backward through a wrapper's Function: keep in `nodes[key]` the Plan later
+    forwards of these layouts run, where the forward's launch (`forward`, a ReadyLaunch)
+    and this backward's (`backward`, the wrapper's kept entry: the ReadyLaunch, the partial
+    rows' shape and dtype, what sums them) were kept in C, and `dy` had the layout of the
+    forward's output. `sources`: where the forward's and the backward's per-call arguments
+    come from; `inputs` x and its parameters, `stats` the statistics a row the forward
+    keeps; `fallback(x, weight, *statistics, dy)` the Python backward, for a gradient of
+    another layout, giving one gradient per input."""
+    if key is None or key in nodes or forward is None or backward is None:
+        return
+    if dy.dtype != x.dtype or dy.stride() != packed_strides(dy.shape) or dy.data_ptr() % 16:
+        return
+    ready, partials_shape, partials_dtype, sums = backward
+    sums_ready = getattr(sums, "ready", None)
+    sums_kernel = sums_ready.kept if sums_ready is not None else None
+    # partial rows to sum (three dimensions) need the sums' launch, unless nothing is summed
+    unsummed = len(partials_shape) == 3 and sums is not None and sums_kernel is None
+    built = module()
+    if built is None or forward.kept is None or ready.kept is None or unsummed:
+        return
+    from solutions.kernels import ready_launch
+    nodes[key] = built.Plan(forward.kept, ready.kept, sums_kernel,
+                            ready_launch._kept_launch_module.launch_raw, list(sources[0]),
+                            list(sources[1]), inputs, stats, list(partials_shape),
+                            partials_dtype, sums_dtype, fallback, name)

@@ -1,0 +1,207 @@
+"""The reference wrappers' backward nodes in C++ (solutions/kernels/kept_backward.py and
+kept_backward.cpp): once a layout's backward has kept its launches, later forwards of that
+layout get a C++ node that launches them, and gives the Function's gradients bit for bit.
+The build and the node's wiring (edges, saved tensors, the Python backward for other
+gradients) are tested here without a GPU; the launches on the device."""
+
+import importlib
+
+import course  # noqa: F401  (mode first)
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from solutions.kernels import kept_backward
+from solutions.kernels.layernorm import layernorm
+from solutions.kernels.rmsnorm import rmsnorm
+
+rmsnorm_module = importlib.import_module("solutions.kernels.rmsnorm")
+layernorm_module = importlib.import_module("solutions.kernels.layernorm")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The module, built from source here; where no C++ compiler is found the wrappers keep
+    their Functions, and these tests say so."""
+    import os
+    import shutil
+
+    if shutil.which(os.environ.get("CXX") or "c++") is None:
+        pytest.skip("no C++ compiler: the wrappers' backwards stay torch.autograd.Functions")
+    return kept_backward.build(tmp_path_factory.mktemp("kept_backward"))
+
+
+def _python_rmsnorm_backward(calls):
+    def backward(x, weight, rstd, dy):
+        calls.append((x.shape, weight is None, rstd.shape, dy.is_contiguous()))
+        xx = x.detach().requires_grad_()
+        ww = weight.detach().requires_grad_() if weight is not None else None
+        with torch.enable_grad():
+            y = F.rms_norm(xx, (x.shape[-1],), ww, 1e-6)
+            grads = torch.autograd.grad(y, [t for t in (xx, ww) if t is not None], dy)
+        return grads if weight is not None else (grads[0], None)
+    return backward
+
+
+def _cpu_plan(built, calls):
+    from solutions.kernels import ready_launch
+    from solutions.kernels.kept_backward import Source
+
+    assert ready_launch._kept_launch_type() is not None  # kept_launch.c: its launch_raw
+    # launches that are never run: off the GPU every gradient goes to the Python backward
+    never = object()
+    return built.Plan(never, never, None, ready_launch._kept_launch_module.launch_raw,
+                      [Source.X, Source.Y, Source.WEIGHT, Source.Y, Source.Y, Source.STAT0,
+                       Source.EPS],
+                      [Source.X, Source.WEIGHT, Source.GRAD, Source.STAT0, Source.DX,
+                       Source.PARTIALS], 2, 1, [1, 8], torch.float32, torch.float32,
+                      _python_rmsnorm_backward(calls), "RMSNormBackward (test)")
+
+
+def _attached(plan, x, w):
+    with torch.no_grad():
+        y = F.rms_norm(x, (x.shape[-1],), w, 1e-6)
+    stats = torch.ones(1, *x.shape[:-1])  # (statistics, rows), as the forward keeps them
+    return plan.attach(y, x, w, None, stats)
+
+
+def test_the_node_carries_gradients_to_its_inputs(built):
+    calls = []
+    plan = _cpu_plan(built, calls)
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    y = _attached(plan, x, w)
+    assert y.requires_grad and y.grad_fn.name() == "RMSNormBackward (test)"
+    dy = torch.randn(4, 8)
+    got = torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+    want = torch.autograd.grad(F.rms_norm(x, (8,), w, 1e-6), (x, w), dy)
+    assert all(torch.equal(g, h) for g, h in zip(got, want, strict=True))
+    assert calls == [((4, 8), False, (4,), True)]  # the saved tensors, as they were saved
+    y.sum().backward()  # an expanded gradient: still the Python backward's
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+def test_the_node_gives_only_the_gradients_asked_for(built):
+    plan = _cpu_plan(built, [])
+    x = torch.randn(2, 8, requires_grad=True)
+    w = torch.randn(8)  # not a leaf that wants a gradient: no edge
+    y = _attached(plan, x, w)
+    (gx,) = torch.autograd.grad(y, (x,), torch.ones(2, 8))
+    assert gx.shape == x.shape
+    w.requires_grad_()
+    y = _attached(plan, x, w)
+    (gw,) = torch.autograd.grad(y, (w,), torch.ones(2, 8))
+    assert gw.shape == w.shape
+
+
+def test_the_node_lets_go_of_its_tensors_and_sees_them_changed(built):
+    plan = _cpu_plan(built, [])
+    x = torch.randn(2, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    y = _attached(plan, x, w)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        y.sum().backward()
+    leaf = torch.randn(2, 8, requires_grad=True)
+    x = leaf * 1  # saved, then changed in place before the backward
+    y = _attached(plan, x, w)
+    x.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+gpu = pytest.mark.gpu
+CASES = {"rmsnorm": lambda x, w, b: rmsnorm(x, w),
+         "rmsnorm, no weight": lambda x, w, b: rmsnorm(x),
+         "layernorm": lambda x, w, b: layernorm(x, w, b),
+         "layernorm, no bias": lambda x, w, b: layernorm(x, w),
+         "layernorm, bias only": lambda x, w, b: layernorm(x, None, b)}
+
+
+def _forget():
+    for module in (rmsnorm_module, layernorm_module):
+        module._KEPT_NODES.clear()
+        module._READY_FORWARDS.clear()
+        module._READY_BACKWARDS.clear()
+
+
+def _leaves(x0, w0, b0):
+    return tuple(t.detach().clone().requires_grad_() for t in (x0, w0, b0))
+
+
+@gpu
+@pytest.mark.parametrize("M,N", [(1, 4096), (64, 4096), (64, 512), (4, 5120)])
+def test_a_node_gives_the_functions_gradients_bit_for_bit(M, N):
+    assert kept_backward.module(wait=True) is not None, "kept_backward.cpp did not build"
+    _forget()
+    dtype = torch.bfloat16
+    x0 = torch.randn(M, N, device="cuda", dtype=dtype)
+    w0, b0 = torch.randn(N, device="cuda", dtype=dtype), torch.randn(N, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x0)
+    for name, call in CASES.items():
+        grads, names = [], []
+        for _ in range(3):  # the Function (which keeps a plan), then the C++ forward and node
+            x, w, b = _leaves(x0, w0, b0)
+            y = call(x, w, b)
+            names.append(y.grad_fn.name())
+            y.backward(dy)
+            grads.append([y.detach()] + [t.grad for t in (x, w, b)])
+        assert "kept_backward.cpp" not in names[0], (name, names)
+        assert "kept_backward.cpp" in names[1], (name, names)
+        for first, later in zip(grads[0], grads[2], strict=True):
+            assert (first is None) == (later is None), name
+            assert first is None or torch.equal(first, later), f"{name}: the node's differ"
+
+
+def _rmsnorm_with_a_kept_plan():
+    """(x, w) whose layouts have run forward and backward through RMSNormFunction, so that
+    rmsnorm now keeps a plan for them."""
+    kept_backward.module(wait=True)
+    _forget()
+    x0 = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    w0 = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    for _ in range(2):
+        x, w, _b = _leaves(x0, w0, w0)
+        rmsnorm(x, w).backward(torch.randn_like(x0))
+    assert rmsnorm_module._KEPT_NODES, "no plan was kept"
+    return x0, w0
+
+
+@gpu
+def test_a_node_hands_other_gradients_to_the_python_backward():
+    from course import reference
+    from course.check.compare import compare
+
+    x0, w0 = _rmsnorm_with_a_kept_plan()
+    x, w, _b = _leaves(x0, w0, w0)
+    y = rmsnorm(x, w)
+    assert "kept_backward.cpp" in y.grad_fn.name()
+    dy = torch.randn(4096, 64, device="cuda", dtype=torch.bfloat16).t()  # not contiguous
+    y.backward(dy)
+    want_dx, want_dw = reference.rmsnorm_backward(x0, w0, dy)
+    assert compare("dx", x.grad, want_dx, torch.bfloat16) is None
+    assert torch.allclose(w.grad.float(), want_dw.float(), rtol=2e-2, atol=1.0)
+
+
+@gpu
+def test_a_node_launches_on_the_current_stream_inside_a_cuda_graph():
+    # Captured on a side stream: a launch on any other stream fails the capture
+    from course import reference
+    from course.check.compare import compare
+
+    x0, w0 = _rmsnorm_with_a_kept_plan()
+    dy = torch.randn_like(x0)
+    x, w, _b = _leaves(x0, w0, w0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = rmsnorm(x, w)
+        dx, dw = torch.autograd.grad(y, (x, w), dy)
+    assert "kept_backward.cpp" in y.grad_fn.name()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x0))
+    graph.replay()
+    torch.cuda.synchronize()
+    want_dx, want_dw = reference.rmsnorm_backward(x.detach(), w0, dy)
+    assert compare("dx", dx, want_dx, torch.bfloat16) is None
+    assert torch.allclose(dw.float(), want_dw.float(), rtol=2e-2, atol=1.0)
