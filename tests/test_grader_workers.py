@@ -112,16 +112,16 @@ def table(root: Path, name: str, columns: tuple[str, ...]) -> list[tuple[str, ..
 
 @pytest.fixture(scope="module")
 def runs(prepared, tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    """The three gradings, each in a copy of its own. One worker and the Slurm tasks (each
-    one process at a time) run side by side, which fills the minute each spends waiting on
-    the submission that ignores the interrupt; then the two workers."""
+    """The five gradings, each in a copy of its own, three then two side by side: most of a
+    grading's time is spent waiting on the submission that ignores the interrupt, and the
+    others fill it."""
     where = {how: tmp_path_factory.mktemp(how)
              for how in ("one", "slurm", "two", "side", "two_side")}
     found = {}
-    for pair in (("one", "slurm"), ("two",), ("side",), ("two_side",)):
-        with ThreadPoolExecutor(max_workers=2) as pool:
+    for group in (("one", "slurm", "two"), ("side", "two_side")):
+        with ThreadPoolExecutor(max_workers=len(group)) as pool:
             side_by_side = {how: pool.submit(graded, prepared, where[how], how)
-                            for how in pair}
+                            for how in group}
             found.update({how: future.result() for how, future in side_by_side.items()})
     return found
 

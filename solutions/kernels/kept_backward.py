@@ -42,6 +42,7 @@ class Source(enum.IntEnum):
     STAT0, STAT1 = -10, -11  # the first and second statistic a row (rstd; or mean, rstd)
     EPS = -20
 
+
 _module = None  # the built module; False where the build failed
 _builder: threading.Thread | None = None
 _lock = threading.Lock()
