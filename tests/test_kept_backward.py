@@ -44,19 +44,23 @@ def _python_rmsnorm_backward(calls):
     return backward
 
 
-def _cpu_plan(built, calls):
+def _cpu_plan(built, calls, stats=1, name="RMSNormBackward (test)"):
+    """A plan whose launches are never run: off the GPU every gradient goes to the Python
+    backward (`stats` 2: LayerNorm's edges and statistics, with RMSNorm's backward)."""
     from solutions.kernels import ready_launch
     from solutions.kernels.kept_backward import Source
 
     assert ready_launch._kept_launch_type() is not None  # kept_launch.c: its launch_raw
-    # launches that are never run: off the GPU every gradient goes to the Python backward
     never = object()
-    return built.Plan(never, never, None, ready_launch._kept_launch_module.launch_raw,
+    saved = [torch.empty(4, 8), torch.empty(8)] + [torch.empty(4)] * stats
+    backward = _python_rmsnorm_backward(calls)
+    return built.Plan(never, never, None, (), ready_launch._kept_launch_module.launch_raw,
                       [Source.X, Source.Y, Source.WEIGHT, Source.Y, Source.Y, Source.STAT0,
                        Source.EPS],
                       [Source.X, Source.WEIGHT, Source.GRAD, Source.STAT0, Source.DX,
-                       Source.PARTIALS], 2, 1, [1, 8], torch.float32, torch.float32,
-                      _python_rmsnorm_backward(calls), "RMSNormBackward (test)")
+                       Source.PARTIALS], 1 + stats, saved, 0, [1, 8], torch.float32,
+                      torch.float32, lambda x, w, *rest: backward(x, w, rest[0], rest[-1]),
+                      name)
 
 
 def _attached(plan, x, w):
@@ -109,6 +113,48 @@ def test_the_node_lets_go_of_its_tensors_and_sees_them_changed(built):
     x.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def _packed(call):
+    """The shape and dtype of each tensor `call` saves for the backward, in order."""
+    packed = []
+
+    def pack(t):
+        packed.append((tuple(t.shape), t.dtype))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        call()
+    return packed
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm"])
+def test_the_node_saves_what_the_function_saves(built, op):
+    # Checkpointing compares what a forward saved with what its recomputation saves: the
+    # first may run through the Function, the second through the node, or the reverse
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    stats = 1 if op == "rmsnorm" else 2
+    plan = _cpu_plan(built, [], stats=stats)
+    by_function = _packed(lambda: rmsnorm(x, w) if op == "rmsnorm" else layernorm(x, w, w))
+    by_node = _packed(lambda: plan.attach(x.detach() * 1, x, w, w if stats == 2 else None,
+                                          torch.ones(stats, 4)))
+    assert by_node == by_function == [((4, 8), torch.float32), ((8,), torch.float32)] + \
+        [((4,), torch.float32)] * stats
+
+
+def test_the_c_paths_step_aside_for_profilers_forward_ad_and_compiled_autograd(monkeypatch):
+    from triton import knobs
+
+    assert kept_backward.usable()
+    with torch.autograd.forward_ad.dual_level():
+        assert not kept_backward.usable()
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", print)
+    assert not kept_backward.usable()
+    monkeypatch.undo()
+    import torch._dynamo.compiled_autograd as compiled
+
+    monkeypatch.setattr(compiled, "compiled_autograd_enabled", True)
+    assert not kept_backward.usable()
 
 
 gpu = pytest.mark.gpu
@@ -205,3 +251,32 @@ def test_a_node_launches_on_the_current_stream_inside_a_cuda_graph():
     want_dx, want_dw = reference.rmsnorm_backward(x.detach(), w0, dy)
     assert compare("dx", dx, want_dx, torch.bfloat16) is None
     assert torch.allclose(dw.float(), want_dw.float(), rtol=2e-2, atol=1.0)
+
+
+@gpu
+def test_saved_tensors_given_back_laid_out_otherwise_go_to_the_python_backward():
+    # A saved-tensor hook (offloading, save_on_cpu) may give x back as a dense copy: the
+    # kept launch read x's rows at the stride it was made for, so such a copy must not reach it
+    from course import reference
+    from course.check.compare import compare
+
+    kept_backward.module(wait=True)
+    _forget()
+    base = torch.randn(64, 3 * 1024, device="cuda", dtype=torch.bfloat16)
+    w0 = torch.rand(1024, device="cuda", dtype=torch.bfloat16) + 0.5
+    dy = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def leaves():
+        x = base.detach().clone().requires_grad_()
+        return x, x[:, :1024], w0.detach().clone().requires_grad_()  # rows 3 * 1024 apart
+    for _ in range(2):
+        _, x, w = leaves()
+        rmsnorm(x, w).backward(dy)
+    assert rmsnorm_module._KEPT_NODES, "no plan was kept"
+    leaf, x, w = leaves()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        y = rmsnorm(x, w)
+    assert "kept_backward.cpp" in y.grad_fn.name()
+    y.backward(dy)
+    want_dx, _ = reference.rmsnorm_backward(x.detach(), w0, dy)
+    assert compare("dx", leaf.grad[:, :1024], want_dx, torch.bfloat16) is None

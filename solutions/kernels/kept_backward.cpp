@@ -32,49 +32,88 @@ constexpr int kY = -1, kGrad = -2, kDx = -3, kPartials = -4, kStat0 = -10, kStat
               kEps = -20;
 constexpr int kMaxArguments = 16;
 
-struct Plan {
-  py::object forward, backward, sums, fallback;  // Launches (sums may be None); Python
-  const void *forward_launch = nullptr, *backward_launch = nullptr, *sums_launch = nullptr;
-  std::vector<int> forward_sources, backward_sources;  // per per-call argument, as above
-  int64_t inputs = 0, stats = 0;     // x and its parameters; float32 statistics a row
-  std::vector<int64_t> partials_shape;  // (sets, n) or (sets, programs, n)
-  at::ScalarType partials_dtype, sums_dtype;
-  std::string name;
-
-  ~Plan() {  // Python objects let go with the GIL; none left after Python has finished
-    if (!Py_IsInitialized()) {
-      forward.release(), backward.release(), sums.release(), fallback.release();
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    forward = backward = sums = fallback = py::object();
-  }
+// What a kept launch was specialised on in a tensor (ready_launch.layout): its shape,
+// strides, dtype, device and 16-byte alignment; or that there is none.
+struct Layout {
+  bool defined = false, aligned = false;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
 };
-
-static void launch(const void *kept, const uint64_t *values, const at::Tensor &on) {
-  void *stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
-                     ->getStream(on.device()).native_handle();
-  const char *failed = "";
-  int code = launch_raw(kept, values, stream, &failed);
-  TORCH_CHECK(code == 0, "kept launch: ", failed, " failed (CUDA error ", code, ")");
-}
 
 static uint64_t address(const at::Tensor &t) {
   return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()));
 }
 
-// The per-call values of a launch: `inputs` (an undefined one: `stand_in`), `named` the
-// tensors kY... kPartials stand for, `stats` the (stats, rows) float32 statistics.
+static Layout layout_of(const at::Tensor &t) {
+  Layout l;
+  if (!t.defined()) return l;
+  l.defined = true, l.aligned = address(t) % 16 == 0;
+  l.sizes = t.sizes().vec(), l.strides = t.strides().vec();
+  l.dtype = t.scalar_type(), l.device = t.device();
+  return l;
+}
+
+static bool same_layout(const Layout &l, const at::Tensor &t) {
+  if (l.defined != t.defined()) return false;
+  return !t.defined() || (t.sizes() == l.sizes && t.strides() == l.strides &&
+                          t.scalar_type() == l.dtype && t.device() == l.device &&
+                          (address(t) % 16 == 0) == l.aligned);
+}
+
+// Saved for the backward, in the Function's order (so that checkpointing, which compares
+// what a forward saved with what its recomputation saves, sees the same either way)
+constexpr int kSaved = 4;  // x, the weight, then one or two statistics
+
+struct Plan {
+  py::object forward, backward, sums, fallback, owners;  // Launches (sums may be None);
+  // the Python backward; the ReadyLaunches whose compiled kernels the Launches run
+  const void *forward_launch = nullptr, *backward_launch = nullptr, *sums_launch = nullptr;
+  std::vector<int> forward_sources, backward_sources;  // per per-call argument, as above
+  int64_t inputs = 0, stats = 0;     // x and its parameters; float32 statistics a row
+  c10::Device device = c10::Device(c10::DeviceType::CUDA, 0);  // the launches' device
+  std::vector<Layout> saved;  // what the kept backward was made for: x, weight, statistics
+  std::vector<int64_t> partials_shape;  // (sets, n) or (sets, programs, n)
+  at::ScalarType partials_dtype, sums_dtype;
+  std::string name;
+
+  ~Plan() {  // Python objects let go with the GIL; left alone once Python is finishing
+#if PY_VERSION_HEX >= 0x030D0000
+    bool finishing = Py_IsFinalizing();
+#else
+    bool finishing = _Py_IsFinalizing();
+#endif
+    if (!Py_IsInitialized() || finishing) {
+      forward.release(), backward.release(), sums.release(), fallback.release();
+      owners.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    forward = backward = sums = fallback = owners = py::object();
+  }
+};
+
+// On the current stream of the device the launch was kept for, as ReadyLaunch.run does
+static void launch(const Plan &plan, const void *kept, const uint64_t *values) {
+  void *stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+                     ->getStream(plan.device).native_handle();
+  const char *failed = "";
+  int code = launch_raw(kept, values, stream, &failed);
+  TORCH_CHECK(code == 0, "kept launch: ", failed, " failed (CUDA error ", code, ")");
+}
+
+// The per-call values of a launch: `inputs` (an undefined one: `stand_in`), the tensors
+// kY... kPartials stand for, `stats` the statistics a row.
 static void fill(uint64_t *values, const std::vector<int> &sources, const at::Tensor *inputs,
                  const at::Tensor &stand_in, const at::Tensor &y, const at::Tensor &dy,
-                 const at::Tensor &dx, const at::Tensor &partials, const at::Tensor &stats,
+                 const at::Tensor &dx, const at::Tensor &partials, const at::Tensor *stats,
                  double eps) {
   for (size_t i = 0; i < sources.size(); i++) {
     int source = sources[i];
     if (source >= 0) {
       values[i] = address(inputs[source].defined() ? inputs[source] : stand_in);
     } else if (source == kStat0 || source == kStat1) {
-      values[i] = address(stats) + (kStat0 - source) * stats.stride(0) * sizeof(float);
+      values[i] = address(stats[kStat0 - source]);
     } else if (source == kEps) {
       float f = static_cast<float>(eps);
       values[i] = 0;
@@ -99,32 +138,36 @@ static bool packed(const at::Tensor &t) {
 
 struct KeptBackward : Node {
   std::shared_ptr<Plan> plan;
-  SavedVariable x, weight, stats;  // the statistics as the forward made them, (stats, rows)
+  SavedVariable saved[kSaved];  // x, the weight, the statistics (as the Function saves them)
 
   std::string name() const override { return plan->name; }
   void release_variables() override {
-    x.reset_data(), weight.reset_data(), stats.reset_data();
+    for (auto &s : saved) s.reset_data();
   }
 
   variable_list apply(variable_list &&grads) override {
     const at::Tensor &dy = grads[0];
-    at::Tensor inputs[3] = {x.unpack(), weight.unpack(), at::Tensor()};
-    at::Tensor row_stats = stats.unpack();
-    const at::Tensor &xt = inputs[0];
+    at::Tensor tensors[kSaved];  // x, weight, then the statistics
+    for (int i = 0; i < 2 + plan->stats; i++) tensors[i] = saved[i].unpack();
+    const at::Tensor &x = tensors[0];
     variable_list out(num_outputs());
     if (!dy.defined()) return out;
-    // the layout the kept launch was made for: y's (contiguous, x's shape and dtype)
-    if (!xt.is_cuda() || dy.sizes() != xt.sizes() || !packed(dy) ||
-        dy.scalar_type() != xt.scalar_type() || dy.device() != xt.device() ||
-        address(dy) % 16 != 0)
-      return python_backward(inputs, row_stats, dy);
-    at::Tensor dx = at::empty_like(xt);  // as the Python kept path: torch.empty_like(x)
+    // What the kept launch was made for: dy as y (contiguous, x's shape and dtype), and the
+    // saved tensors as the forward saved them (a saved-tensor hook may give back a copy
+    // laid out otherwise)
+    bool kept = x.is_cuda() && dy.sizes() == x.sizes() && packed(dy) &&
+                dy.scalar_type() == x.scalar_type() && dy.device() == x.device() &&
+                address(dy) % 16 == 0;
+    for (int i = 0; kept && i < 2 + plan->stats; i++)
+      kept = same_layout(plan->saved[i], tensors[i]);
+    if (!kept) return python_backward(tensors, dy);
+    at::Tensor dx = at::empty_like(x);  // as the Python kept path: torch.empty_like(x)
     at::Tensor partials =
-        at::empty(plan->partials_shape, xt.options().dtype(plan->partials_dtype));
+        at::empty(plan->partials_shape, x.options().dtype(plan->partials_dtype));
     uint64_t values[kMaxArguments];
-    fill(values, plan->backward_sources, inputs, dx, at::Tensor(), dy, dx, partials,
-         row_stats, 0.0);
-    launch(plan->backward_launch, values, xt);
+    fill(values, plan->backward_sources, tensors, dx, at::Tensor(), dy, dx, partials,
+         tensors + 2, 0.0);
+    launch(*plan, plan->backward_launch, values);
     out[0] = dx;
     bool any_parameter = false;
     for (size_t i = 1; i < out.size(); i++) any_parameter |= task_should_compute_output(i);
@@ -132,9 +175,9 @@ struct KeptBackward : Node {
     at::Tensor sums = partials;  // one program wrote the sums themselves
     if (plan->sums_launch) {
       sums = at::empty({plan->partials_shape[0], plan->partials_shape.back()},
-                       xt.options().dtype(plan->sums_dtype));
+                       x.options().dtype(plan->sums_dtype));
       uint64_t sum_values[2] = {address(partials), address(sums)};
-      launch(plan->sums_launch, sum_values, xt);
+      launch(*plan, plan->sums_launch, sum_values);
     }
     for (size_t i = 1; i < out.size(); i++)
       if (task_should_compute_output(i)) out[i] = sums.select(0, i - 1);
@@ -142,13 +185,11 @@ struct KeptBackward : Node {
   }
 
   // fallback(x, weight, *statistics, dy) -> a gradient per input (or None)
-  variable_list python_backward(const at::Tensor *inputs, const at::Tensor &row_stats,
-                                const at::Tensor &dy) {
+  variable_list python_backward(const at::Tensor *tensors, const at::Tensor &dy) {
     py::gil_scoped_acquire gil;
     py::list args;
-    for (int i = 0; i < 2; i++)
-      args.append(inputs[i].defined() ? py::cast(inputs[i]) : py::none());
-    for (int64_t k = 0; k < plan->stats; k++) args.append(py::cast(row_stats.select(0, k)));
+    for (int i = 0; i < 2 + plan->stats; i++)
+      args.append(tensors[i].defined() ? py::cast(tensors[i]) : py::none());
     args.append(py::cast(dy));
     py::tuple grads = plan->fallback(*args);
     variable_list out(num_outputs());
@@ -177,8 +218,8 @@ static Pointer new_node(KeptBackward *&node) {
 
 using MaybeTensor = std::optional<at::Tensor>;
 
-// y's history: a node of `plan` over x and its parameters, keeping x, the weight and the
-// forward's statistics ((stats, rows) float32) for the backward.
+// y's history: a node of `plan` over x and its parameters, keeping x, the weight and each
+// of the forward's statistics (the rows of `stats`, (statistics, rows) float32).
 static at::Tensor attach(const std::shared_ptr<Plan> &plan, at::Tensor y, const at::Tensor &x,
                          const MaybeTensor &weight, const MaybeTensor &bias,
                          const at::Tensor &stats) {
@@ -188,9 +229,10 @@ static at::Tensor attach(const std::shared_ptr<Plan> &plan, at::Tensor y, const 
   NodePtr pointer = new_node(node);
   node->plan = plan;
   node->set_next_edges(torch::autograd::collect_next_edges(edges_of));
-  node->x = SavedVariable(x, false);
-  node->weight = SavedVariable(weight.value_or(at::Tensor()), false);
-  node->stats = SavedVariable(stats, false);
+  node->saved[0] = SavedVariable(x, false);
+  node->saved[1] = SavedVariable(weight.value_or(at::Tensor()), false);
+  for (int64_t k = 0; k < plan->stats; k++)
+    node->saved[2 + k] = SavedVariable(stats.select(0, k), false);
   torch::autograd::set_history(y, pointer);
   return y;
 }
@@ -205,18 +247,20 @@ static at::Tensor forward(const std::shared_ptr<Plan> &plan, const at::Tensor &x
   stats_shape.insert(stats_shape.end(), x.sizes().begin(), x.sizes().end() - 1);
   at::Tensor stats = at::empty(stats_shape, x.options().dtype(at::kFloat));
   at::Tensor inputs[3] = {x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())};
+  at::Tensor rows[2] = {stats[0], plan->stats > 1 ? stats[1] : stats[0]};
   uint64_t values[kMaxArguments];
   fill(values, plan->forward_sources, inputs, y, y, at::Tensor(), at::Tensor(), at::Tensor(),
-       stats, eps);
-  launch(plan->forward_launch, values, x);
+       rows, eps);
+  launch(*plan, plan->forward_launch, values);
   return attach(plan, y, x, weight, bias, stats);
 }
 
 PYBIND11_MODULE(kept_backward, m) {
   py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan")
       .def(py::init([](py::object forward, py::object backward, py::object sums,
-                       py::object raw, std::vector<int> forward_sources,
-                       std::vector<int> backward_sources, int64_t inputs, int64_t stats,
+                       py::object owners, py::object raw, std::vector<int> forward_sources,
+                       std::vector<int> backward_sources, int64_t inputs,
+                       const std::vector<MaybeTensor> &saved, int64_t device,
                        std::vector<int64_t> partials_shape, at::ScalarType partials_dtype,
                        at::ScalarType sums_dtype, py::object fallback, std::string name) {
              if (!launch_raw)
@@ -226,11 +270,16 @@ PYBIND11_MODULE(kept_backward, m) {
              TORCH_CHECK(forward_sources.size() <= kMaxArguments &&
                              backward_sources.size() <= kMaxArguments,
                          "kept launch: at most 16 per-call arguments");
+             int64_t stats = static_cast<int64_t>(saved.size()) - 2;
              TORCH_CHECK(inputs >= 1 && inputs <= 3 && stats >= 1 && stats <= 2,
-                         "kept launch: x and up to two parameters, one or two statistics");
+                         "kept launch: x and up to two parameters; saved x, the weight and "
+                         "one or two statistics");
              auto plan = std::make_shared<Plan>();
              plan->forward = forward, plan->backward = backward, plan->sums = sums;
-             plan->fallback = fallback;
+             plan->fallback = fallback, plan->owners = owners;
+             for (auto &t : saved) plan->saved.push_back(layout_of(t.value_or(at::Tensor())));
+             plan->device = c10::Device(c10::DeviceType::CUDA,
+                                        static_cast<c10::DeviceIndex>(device));
              plan->forward_launch = forward.ptr();
              plan->backward_launch = backward.ptr();
              plan->sums_launch = sums.is_none() ? nullptr : sums.ptr();
@@ -242,11 +291,12 @@ PYBIND11_MODULE(kept_backward, m) {
              plan->name = std::move(name);
              return plan;
            }),
-           "Plan(forward, backward, sums, launch_raw, forward_sources, backward_sources, "
-           "inputs, stats, partials_shape, partials_dtype, sums_dtype, fallback, name)")
+           "Plan(forward, backward, sums, owners, launch_raw, forward_sources, "
+           "backward_sources, inputs, saved, device, partials_shape, partials_dtype, "
+           "sums_dtype, fallback, name): saved, the tensors the kept backward was made for")
       .def("forward", &forward, "forward(x, weight, bias, eps) -> y, its grad_fn a node",
            py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"))
       .def("attach", &attach,
            "attach(y, x, weight, bias, stats) -> y, its grad_fn a node keeping x, the "
-           "weight and stats ((statistics, rows) float32)");
+           "weight and each row of stats ((statistics, rows) float32)");
 }

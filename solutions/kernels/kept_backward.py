@@ -30,6 +30,9 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.autograd import forward_ad
+
+from solutions.kernels import ready_launch
 
 SOURCE = Path(__file__).with_name("kept_backward.cpp")
 
@@ -94,7 +97,7 @@ def _build_in_background() -> None:
     global _module
     try:
         module = build()
-    except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as error:
+    except Exception as error:  # noqa: BLE001  (whatever it is, the Functions stay)
         warnings.warn(f"kept_backward.cpp could not be built ({error}); the reference "
                       f"kernels' backwards stay torch.autograd.Functions", stacklevel=2)
         module = False
@@ -125,19 +128,35 @@ def packed_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def keep_node(nodes: dict, key, forward, backward, dy: torch.Tensor, x: torch.Tensor,
-              sources: tuple[tuple[int, ...], tuple[int, ...]], inputs: int, stats: int,
+def usable() -> bool:
+    """Whether a forward may take a plan's C++ path now: not while a profiler hooks Triton's
+    launches (the C++ launches do not call its hooks), nor under forward-mode AD (the node
+    has no tangent) or compiled autograd (the node cannot be traced)."""
+    if (ready_launch.hooked(ready_launch.knobs.runtime.launch_enter_hook)
+            or forward_ad._current_level >= 0):
+        return False
+    compiled = sys.modules.get("torch._dynamo.compiled_autograd")
+    return compiled is None or not (getattr(compiled, "compiled_autograd_enabled", False)
+                                    or torch._dynamo.config.compiled_autograd)
+
+
+def keep_node(nodes: dict, key, *, forward, backward, saved: tuple, dy: torch.Tensor,
+              sources: tuple[tuple[int, ...], tuple[int, ...]], inputs: int,
               sums_dtype: torch.dtype, fallback, name: str) -> None:
     """After a backward through a wrapper's Function: keep in `nodes[key]` the Plan later
     forwards of these layouts run, where the forward's launch (`forward`, a ReadyLaunch)
     and this backward's (`backward`, the wrapper's kept entry: the ReadyLaunch, the partial
     rows' shape and dtype, what sums them) were kept in C, and `dy` had the layout of the
-    forward's output. `sources`: where the forward's and the backward's per-call arguments
-    come from; `inputs` x and its parameters, `stats` the statistics a row the forward
-    keeps; `fallback(x, weight, *statistics, dy)` the Python backward, for a gradient of
-    another layout, giving one gradient per input."""
+    forward's output.
+    - `saved`: what the Function saved (x, the weight, the statistics), the layouts the
+      kept backward was made for;
+    - `sources`: where the forward's and the backward's per-call arguments come from;
+    - `inputs`: x and its parameters, the node's edges;
+    - `fallback(*saved, dy)`: the Python backward, for a gradient or saved tensors of
+      another layout, giving one gradient per input."""
     if key is None or key in nodes or forward is None or backward is None:
         return
+    x = saved[0]
     if dy.dtype != x.dtype or dy.stride() != packed_strides(dy.shape) or dy.data_ptr() % 16:
         return
     ready, partials_shape, partials_dtype, sums = backward
@@ -148,8 +167,7 @@ def keep_node(nodes: dict, key, forward, backward, dy: torch.Tensor, x: torch.Te
     built = module()
     if built is None or forward.kept is None or ready.kept is None or unsummed:
         return
-    from solutions.kernels import ready_launch
-    nodes[key] = built.Plan(forward.kept, ready.kept, sums_kernel,
+    nodes[key] = built.Plan(forward.kept, ready.kept, sums_kernel, (forward, ready, sums_ready),
                             ready_launch._kept_launch_module.launch_raw, list(sources[0]),
-                            list(sources[1]), inputs, stats, list(partials_shape),
-                            partials_dtype, sums_dtype, fallback, name)
+                            list(sources[1]), inputs, list(saved), forward.device,
+                            list(partials_shape), partials_dtype, sums_dtype, fallback, name)

@@ -61,9 +61,10 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import partial_rows, summed, summer
 from solutions.kernels.kept_backward import Source, keep_node
+from solutions.kernels.kept_backward import usable as kept_paths_usable
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
-from solutions.kernels.ready_launch import hooked, knobs, launch_key, ready_launch
+from solutions.kernels.ready_launch import launch_key, ready_launch
 from solutions.kernels.row_loads import (
     bias_or_zeros,
     columns_in_row,
@@ -788,7 +789,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None,
                                     or (weight is not None and weight.requires_grad)
                                     or (bias is not None and bias.requires_grad)):
         kept = _KEPT_NODES.get(launch_key(x, weight, bias))
-        if kept is None or hooked(knobs.runtime.launch_enter_hook):
+        if kept is None or not kept_paths_usable():
             return LayerNormFunction.apply(x, weight, bias, eps)
         return kept.forward(x, weight, bias, check_eps(eps))  # y's grad_fn: a C++ node
     return _forward(x, weight, bias, eps, False, None)[0]
@@ -812,11 +813,14 @@ class LayerNormFunction(torch.autograd.Function):
         x, weight, mean, rstd = ctx.saved_tensors
         dy = dy.contiguous()
         dx, dw, db = layernorm_backward(x, weight, mean, rstd, dy, ctx.param_dtype)
-        keep_node(_KEPT_NODES, ctx.node_key, _READY_FORWARDS.get(
-            ctx.node_key and ctx.node_key + (True,)), _READY_BACKWARDS.get(
-            launch_key(x, weight, mean, rstd, dy, ctx.param_dtype)), dy, x, _NODE_SOURCES,
-            3, 2, ctx.param_dtype, _python_backward(ctx.param_dtype),
-            "LayerNormBackward (kept_backward.cpp)")
+        key = ctx.node_key
+        keep_node(_KEPT_NODES, key,
+                  forward=_READY_FORWARDS.get(key and key + (True,)),  # store_stats=True
+                  backward=_READY_BACKWARDS.get(
+                      launch_key(x, weight, mean, rstd, dy, ctx.param_dtype)),
+                  saved=(x, weight, mean, rstd), dy=dy, sources=_NODE_SOURCES, inputs=3,
+                  sums_dtype=ctx.param_dtype, fallback=_python_backward(ctx.param_dtype),
+                  name="LayerNormBackward (kept_backward.cpp)")
         dw = dw if weight is not None and ctx.needs_input_grad[1] else None
         db = db if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None

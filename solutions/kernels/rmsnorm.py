@@ -68,9 +68,10 @@ import triton.language as tl
 
 from solutions.kernels.column_sums import partial_rows, summed, summer
 from solutions.kernels.kept_backward import Source, keep_node
+from solutions.kernels.kept_backward import usable as kept_paths_usable
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
-from solutions.kernels.ready_launch import hooked, knobs, launch_key, ready_launch
+from solutions.kernels.ready_launch import launch_key, ready_launch
 from solutions.kernels.row_loads import (
     columns_in_row,
     load_row_piece,
@@ -718,7 +719,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
     if torch.is_grad_enabled() and (x.requires_grad or
                                     (weight is not None and weight.requires_grad)):
         kept = _KEPT_NODES.get(launch_key(x, weight))
-        if kept is None or hooked(knobs.runtime.launch_enter_hook):
+        if kept is None or not kept_paths_usable():
             return RMSNormFunction.apply(x, weight, eps)
         return kept.forward(x, weight, None, check_eps(eps))  # y's grad_fn: a C++ node
     return _forward(x, weight, eps, None, False, None)[0]
@@ -746,11 +747,12 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         dy = dy.contiguous()
         dx, dw = rmsnorm_backward(x, weight, rstd, dy)
-        keep_node(_KEPT_NODES, launch_key(x, weight), _READY_FORWARDS.get(
-            launch_key(x, weight, None, True)), _READY_BACKWARDS.get(
-            launch_key(x, weight, rstd, dy)), dy, x, _NODE_SOURCES, 2, 1,
-            weight.dtype if weight is not None else x.dtype, _python_backward,
-            "RMSNormBackward (kept_backward.cpp)")
+        keep_node(_KEPT_NODES, launch_key(x, weight),
+                  forward=_READY_FORWARDS.get(launch_key(x, weight, None, True)),
+                  backward=_READY_BACKWARDS.get(launch_key(x, weight, rstd, dy)),
+                  saved=(x, weight, rstd), dy=dy, sources=_NODE_SOURCES, inputs=2,
+                  sums_dtype=weight.dtype if weight is not None else x.dtype,
+                  fallback=_python_backward, name="RMSNormBackward (kept_backward.cpp)")
         if weight is None or not ctx.needs_input_grad[1]:
             dw = None
         return dx, dw, None
