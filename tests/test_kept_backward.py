@@ -5,6 +5,7 @@ The build and the node's wiring (edges, saved tensors, the Python backward for o
 gradients) are tested here without a GPU; the launches on the device."""
 
 import importlib
+from types import SimpleNamespace
 
 import course  # noqa: F401  (mode first)
 
@@ -51,16 +52,16 @@ def _cpu_plan(built, calls, stats=1, name="RMSNormBackward (test)"):
     from solutions.kernels.kept_backward import Source
 
     assert ready_launch._kept_launch_type() is not None  # kept_launch.c: its launch_raw
-    never = object()
+    never = SimpleNamespace(kept=object(), device=0)  # a ReadyLaunch never launched
     saved = [torch.empty(4, 8), torch.empty(8)] + [torch.empty(4)] * stats
     backward = _python_rmsnorm_backward(calls)
-    return built.Plan(never, never, None, (), ready_launch._kept_launch_module.launch_raw,
+    return built.Plan(never, never, None, ready_launch._kept_launch_module.launch_raw,
                       [Source.X, Source.Y, Source.WEIGHT, Source.Y, Source.Y, Source.STAT0,
                        Source.EPS],
                       [Source.X, Source.WEIGHT, Source.GRAD, Source.STAT0, Source.DX,
-                       Source.PARTIALS], 1 + stats, saved, 0, [1, 8], torch.float32,
-                      torch.float32, lambda x, w, *rest: backward(x, w, rest[0], rest[-1]),
-                      name)
+                       Source.PARTIALS], 1 + stats, saved, torch.empty(4, 8), [1, 8],
+                      torch.float32, torch.float32,
+                      lambda x, w, *rest: backward(x, w, rest[0], rest[-1]), name)
 
 
 def _attached(plan, x, w):

@@ -66,13 +66,15 @@ static bool same_layout(const Layout &l, const at::Tensor &t) {
 constexpr int kSaved = 4;  // x, the weight, then one or two statistics
 
 struct Plan {
-  py::object forward, backward, sums, fallback, owners;  // Launches (sums may be None);
-  // the Python backward; the ReadyLaunches whose compiled kernels the Launches run
+  // The ReadyLaunches (sums may be None), which hold their compiled kernels and Launches
+  // alive; the Python backward
+  py::object forward, backward, sums, fallback;
   const void *forward_launch = nullptr, *backward_launch = nullptr, *sums_launch = nullptr;
   std::vector<int> forward_sources, backward_sources;  // per per-call argument, as above
   int64_t inputs = 0, stats = 0;     // x and its parameters; float32 statistics a row
   c10::Device device = c10::Device(c10::DeviceType::CUDA, 0);  // the launches' device
   std::vector<Layout> saved;  // what the kept backward was made for: x, weight, statistics
+  Layout grad;                // and the gradient (y's layout)
   std::vector<int64_t> partials_shape;  // (sets, n) or (sets, programs, n)
   at::ScalarType partials_dtype, sums_dtype;
   std::string name;
@@ -85,11 +87,10 @@ struct Plan {
 #endif
     if (!Py_IsInitialized() || finishing) {
       forward.release(), backward.release(), sums.release(), fallback.release();
-      owners.release();
       return;
     }
     py::gil_scoped_acquire gil;
-    forward = backward = sums = fallback = owners = py::object();
+    forward = backward = sums = fallback = py::object();
   }
 };
 
@@ -125,17 +126,6 @@ static void fill(uint64_t *values, const std::vector<int> &sources, const at::Te
   }
 }
 
-// Strides exactly a contiguous tensor's of this shape (is_contiguous lets a dimension of
-// size 1 have any stride; the kept launch's key does not)
-static bool packed(const at::Tensor &t) {
-  int64_t expected = 1;
-  for (int64_t d = t.dim() - 1; d >= 0; d--) {
-    if (t.stride(d) != expected) return false;
-    expected *= t.size(d);
-  }
-  return true;
-}
-
 struct KeptBackward : Node {
   std::shared_ptr<Plan> plan;
   SavedVariable saved[kSaved];  // x, the weight, the statistics (as the Function saves them)
@@ -152,12 +142,9 @@ struct KeptBackward : Node {
     const at::Tensor &x = tensors[0];
     variable_list out(num_outputs());
     if (!dy.defined()) return out;
-    // What the kept launch was made for: dy as y (contiguous, x's shape and dtype), and the
-    // saved tensors as the forward saved them (a saved-tensor hook may give back a copy
-    // laid out otherwise)
-    bool kept = x.is_cuda() && dy.sizes() == x.sizes() && packed(dy) &&
-                dy.scalar_type() == x.scalar_type() && dy.device() == x.device() &&
-                address(dy) % 16 == 0;
+    // What the kept launch was made for: dy as y, and the saved tensors as the forward
+    // saved them (a saved-tensor hook may give back a copy laid out otherwise)
+    bool kept = x.is_cuda() && same_layout(plan->grad, dy);
     for (int i = 0; kept && i < 2 + plan->stats; i++)
       kept = same_layout(plan->saved[i], tensors[i]);
     if (!kept) return python_backward(tensors, dy);
@@ -258,9 +245,9 @@ static at::Tensor forward(const std::shared_ptr<Plan> &plan, const at::Tensor &x
 PYBIND11_MODULE(kept_backward, m) {
   py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan")
       .def(py::init([](py::object forward, py::object backward, py::object sums,
-                       py::object owners, py::object raw, std::vector<int> forward_sources,
+                       py::object raw, std::vector<int> forward_sources,
                        std::vector<int> backward_sources, int64_t inputs,
-                       const std::vector<MaybeTensor> &saved, int64_t device,
+                       const std::vector<MaybeTensor> &saved, const at::Tensor &grad,
                        std::vector<int64_t> partials_shape, at::ScalarType partials_dtype,
                        at::ScalarType sums_dtype, py::object fallback, std::string name) {
              if (!launch_raw)
@@ -276,13 +263,14 @@ PYBIND11_MODULE(kept_backward, m) {
                          "one or two statistics");
              auto plan = std::make_shared<Plan>();
              plan->forward = forward, plan->backward = backward, plan->sums = sums;
-             plan->fallback = fallback, plan->owners = owners;
+             plan->fallback = fallback;
              for (auto &t : saved) plan->saved.push_back(layout_of(t.value_or(at::Tensor())));
+             plan->grad = layout_of(grad);
              plan->device = c10::Device(c10::DeviceType::CUDA,
-                                        static_cast<c10::DeviceIndex>(device));
-             plan->forward_launch = forward.ptr();
-             plan->backward_launch = backward.ptr();
-             plan->sums_launch = sums.is_none() ? nullptr : sums.ptr();
+                                        forward.attr("device").cast<c10::DeviceIndex>());
+             plan->forward_launch = forward.attr("kept").ptr();  // kept_launch.Launches
+             plan->backward_launch = backward.attr("kept").ptr();
+             plan->sums_launch = sums.is_none() ? nullptr : sums.attr("kept").ptr();
              plan->forward_sources = std::move(forward_sources);
              plan->backward_sources = std::move(backward_sources);
              plan->inputs = inputs, plan->stats = stats;
@@ -291,9 +279,10 @@ PYBIND11_MODULE(kept_backward, m) {
              plan->name = std::move(name);
              return plan;
            }),
-           "Plan(forward, backward, sums, owners, launch_raw, forward_sources, "
-           "backward_sources, inputs, saved, device, partials_shape, partials_dtype, "
-           "sums_dtype, fallback, name): saved, the tensors the kept backward was made for")
+           "Plan(forward, backward, sums, launch_raw, forward_sources, backward_sources, "
+           "inputs, saved, grad, partials_shape, partials_dtype, sums_dtype, fallback, "
+           "name): ReadyLaunches whose launches are kept in C; saved and grad, the tensors "
+           "the kept backward was made for")
       .def("forward", &forward, "forward(x, weight, bias, eps) -> y, its grad_fn a node",
            py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"))
       .def("attach", &attach,

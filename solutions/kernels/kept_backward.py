@@ -119,15 +119,6 @@ def module(wait: bool = False):
     return _module or None
 
 
-def packed_strides(shape) -> tuple[int, ...]:
-    """The strides of a contiguous tensor of `shape`, every one (a dimension of size 1 too)."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
-
-
 def usable() -> bool:
     """Whether a forward may take a plan's C++ path now: not while a profiler hooks Triton's
     launches (the C++ launches do not call its hooks), nor under forward-mode AD (the node
@@ -146,28 +137,24 @@ def keep_node(nodes: dict, key, *, forward, backward, saved: tuple, dy: torch.Te
     """After a backward through a wrapper's Function: keep in `nodes[key]` the Plan later
     forwards of these layouts run, where the forward's launch (`forward`, a ReadyLaunch)
     and this backward's (`backward`, the wrapper's kept entry: the ReadyLaunch, the partial
-    rows' shape and dtype, what sums them) were kept in C, and `dy` had the layout of the
-    forward's output.
-    - `saved`: what the Function saved (x, the weight, the statistics), the layouts the
-      kept backward was made for;
+    rows' shape and dtype, what sums them) were kept in C.
+    - `saved` and `dy`: what the Function saved (x, the weight, the statistics) and the
+      gradient, the layouts the kept backward was made for;
     - `sources`: where the forward's and the backward's per-call arguments come from;
     - `inputs`: x and its parameters, the node's edges;
     - `fallback(*saved, dy)`: the Python backward, for a gradient or saved tensors of
       another layout, giving one gradient per input."""
-    if key is None or key in nodes or forward is None or backward is None:
-        return
-    x = saved[0]
-    if dy.dtype != x.dtype or dy.stride() != packed_strides(dy.shape) or dy.data_ptr() % 16:
+    if forward is None or backward is None:
         return
     ready, partials_shape, partials_dtype, sums = backward
     sums_ready = getattr(sums, "ready", None)
-    sums_kernel = sums_ready.kept if sums_ready is not None else None
     # partial rows to sum (three dimensions) need the sums' launch, unless nothing is summed
-    unsummed = len(partials_shape) == 3 and sums is not None and sums_kernel is None
+    unsummed = len(partials_shape) == 3 and sums is not None and (
+        sums_ready is None or sums_ready.kept is None)
     built = module()
     if built is None or forward.kept is None or ready.kept is None or unsummed:
         return
-    nodes[key] = built.Plan(forward.kept, ready.kept, sums_kernel, (forward, ready, sums_ready),
+    nodes[key] = built.Plan(forward, ready, sums_ready,
                             ready_launch._kept_launch_module.launch_raw, list(sources[0]),
-                            list(sources[1]), inputs, list(saved), forward.device,
-                            list(partials_shape), partials_dtype, sums_dtype, fallback, name)
+                            list(sources[1]), inputs, list(saved), dy, list(partials_shape),
+                            partials_dtype, sums_dtype, fallback, name)

@@ -814,13 +814,14 @@ class LayerNormFunction(torch.autograd.Function):
         dy = dy.contiguous()
         dx, dw, db = layernorm_backward(x, weight, mean, rstd, dy, ctx.param_dtype)
         key = ctx.node_key
-        keep_node(_KEPT_NODES, key,
-                  forward=_READY_FORWARDS.get(key and key + (True,)),  # store_stats=True
-                  backward=_READY_BACKWARDS.get(
-                      launch_key(x, weight, mean, rstd, dy, ctx.param_dtype)),
-                  saved=(x, weight, mean, rstd), dy=dy, sources=_NODE_SOURCES, inputs=3,
-                  sums_dtype=ctx.param_dtype, fallback=_python_backward(ctx.param_dtype),
-                  name="LayerNormBackward (kept_backward.cpp)")
+        if key is not None and key not in _KEPT_NODES:  # (once kept, nothing to look up)
+            keep_node(_KEPT_NODES, key,
+                      forward=_READY_FORWARDS.get(key + (True,)),  # its key, store_stats=True
+                      backward=_READY_BACKWARDS.get(
+                          launch_key(x, weight, mean, rstd, dy, ctx.param_dtype)),
+                      saved=(x, weight, mean, rstd), dy=dy, sources=_NODE_SOURCES, inputs=3,
+                      sums_dtype=ctx.param_dtype, fallback=_python_backward(ctx.param_dtype),
+                      name="LayerNormBackward (kept_backward.cpp)")
         dw = dw if weight is not None and ctx.needs_input_grad[1] else None
         db = db if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None

@@ -747,12 +747,14 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         dy = dy.contiguous()
         dx, dw = rmsnorm_backward(x, weight, rstd, dy)
-        keep_node(_KEPT_NODES, launch_key(x, weight),
-                  forward=_READY_FORWARDS.get(launch_key(x, weight, None, True)),
-                  backward=_READY_BACKWARDS.get(launch_key(x, weight, rstd, dy)),
-                  saved=(x, weight, rstd), dy=dy, sources=_NODE_SOURCES, inputs=2,
-                  sums_dtype=weight.dtype if weight is not None else x.dtype,
-                  fallback=_python_backward, name="RMSNormBackward (kept_backward.cpp)")
+        key = launch_key(x, weight)
+        if key is not None and key not in _KEPT_NODES:  # (once kept, nothing to look up)
+            keep_node(_KEPT_NODES, key,
+                      forward=_READY_FORWARDS.get(launch_key(x, weight, None, True)),
+                      backward=_READY_BACKWARDS.get(launch_key(x, weight, rstd, dy)),
+                      saved=(x, weight, rstd), dy=dy, sources=_NODE_SOURCES, inputs=2,
+                      sums_dtype=weight.dtype if weight is not None else x.dtype,
+                      fallback=_python_backward, name="RMSNormBackward (kept_backward.cpp)")
         if weight is None or not ctx.needs_input_grad[1]:
             dw = None
         return dx, dw, None
