@@ -13,6 +13,7 @@ its modules again: about 5 s a chapter), with their bin/ on PATH for nbgrader's 
 
     pip install --no-index --no-deps --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+    export JUPYTER_PATH=/tmp/site/share/jupyter     (nbconvert's templates, for feedback)
 
 Within a 10-minute call, split the work. On an H100 (2026-11-28) every test file but
 test_grader.py took more than 9.5 minutes: give them two calls, half the files each. On an
@@ -27,7 +28,12 @@ tests/test_oracle_refusals.py tests/test_verify.py ...`: 2 minutes), and the CPU
 the GPU hidden (`CUDA_VISIBLE_DEVICES= pytest -n 15 --dist loadfile tests`). That image's
 Triton 3.6 interpreter cannot run with its NumPy (2.4 or later), and `import course` in
 interpreter mode says so and stops (the tests that start COURSE_DEVICE=cpu processes
-included): carry a wheel of NumPy before 2.4 with the others.
+included): carry a wheel of NumPy before 2.4 with the others. The wheels and NumPy's are
+over one call's 64 MiB together: carry the wheels in one call, NumPy's in the next (the
+machine keeps /tmp while warm). Tests that build the checkout's .venv or a fresh one
+(test_grader_trust, _workers, _worker_deaths, test_learner_distribution, test_lab) cannot
+run there: the image reaches no package index. On the H200 (2026-11-29) that suite took
+two calls of 7.5 and over 9 minutes (docs/sweeps/2026-11-29-python312-cpu).
 """
 
 from __future__ import annotations

@@ -989,6 +989,25 @@ def test_the_interpreters_own_deprecations_are_not_the_learners_notes():
                      "DeprecationWarning: DeprecationWarning in mine.py (mine.py, line 1)"]
 
 
+def test_no_check_lets_the_interpreters_own_deprecations_escape():
+    """Some of a check's launches run outside the learner's calls (its own reference, the
+    backward autograd runs): the interpreter's deprecations there reach no one either."""
+    from course.check.learner_facing import learner_facing
+
+    @learner_facing
+    def a_check():
+        for module in ("triton.runtime.interpreter", "triton.runtime.interpreter_extra",
+                       "mine"):
+            warnings.warn_explicit(f"from {module}", DeprecationWarning, f"{module}.py", 1,
+                                   module=module)
+
+    with warnings.catch_warnings(record=True) as escaped:
+        warnings.simplefilter("always")
+        a_check()
+    assert [str(w.message) for w in escaped] == ["from triton.runtime.interpreter_extra",
+                                                "from mine"]
+
+
 def _rows_shape_returned(x, weight, eps=1e-6):
     return variants._launch(variants.rmsnorm_kernel, x, weight, eps)  # forgot .view(x.shape)
 
