@@ -8,6 +8,7 @@ import importlib
 from types import SimpleNamespace
 
 import course  # noqa: F401  (mode first)
+from course import runtime
 
 import pytest
 import torch
@@ -54,12 +55,13 @@ def _cpu_plan(built, calls, stats=1, name="RMSNormBackward (test)"):
     assert ready_launch._kept_launch_type() is not None  # kept_launch.c: its launch_raw
     never = SimpleNamespace(kept=object(), device=0)  # a ReadyLaunch never launched
     saved = [torch.empty(4, 8), torch.empty(8)] + [torch.empty(4)] * stats
+    inputs = saved[:2] + [torch.empty(8)] * (stats - 1)  # x, the weight (, the bias)
     backward = _python_rmsnorm_backward(calls)
     return built.Plan(never, never, None, ready_launch._kept_launch_module.launch_raw,
                       [Source.X, Source.Y, Source.WEIGHT, Source.Y, Source.Y, Source.STAT0,
                        Source.EPS],
                       [Source.X, Source.WEIGHT, Source.GRAD, Source.STAT0, Source.DX,
-                       Source.PARTIALS], 1 + stats, saved, torch.empty(4, 8), [1, 8],
+                       Source.PARTIALS], inputs, saved, torch.empty(4, 8), [1, 8],
                       torch.float32, torch.float32,
                       lambda x, w, *rest: backward(x, w, rest[0], rest[-1]), name)
 
@@ -132,15 +134,28 @@ def _packed(call):
 def test_the_node_saves_what_the_function_saves(built, op):
     # Checkpointing compares what a forward saved with what its recomputation saves: the
     # first may run through the Function, the second through the node, or the reverse
-    x = torch.randn(4, 8, requires_grad=True)
-    w = torch.randn(8, requires_grad=True)
+    device = "cuda" if runtime.on_gpu() else "cpu"  # where the Function's kernels run
+    x = torch.randn(4, 8, device=device, requires_grad=True)
+    w = torch.randn(8, device=device, requires_grad=True)
     stats = 1 if op == "rmsnorm" else 2
     plan = _cpu_plan(built, [], stats=stats)
     by_function = _packed(lambda: rmsnorm(x, w) if op == "rmsnorm" else layernorm(x, w, w))
     by_node = _packed(lambda: plan.attach(x.detach() * 1, x, w, w if stats == 2 else None,
-                                          torch.ones(stats, 4)))
+                                          torch.ones(stats, 4, device=device)))
     assert by_node == by_function == [((4, 8), torch.float32), ((8,), torch.float32)] + \
         [((4,), torch.float32)] * stats
+
+
+def test_plans_find_nothing_for_what_no_plan_was_kept_for(built):
+    plans = built.Plans()
+    x = torch.randn(4, 8, requires_grad=True)
+    assert plans.forward(x, None, None, 1e-6) is None and not plans.has(x, None, None)
+    assert plans.forward("not a tensor", None, None, 1e-6) is None  # the Function says why
+    with pytest.raises(RuntimeError, match="kept for CUDA tensors"):
+        plans.add(_cpu_plan(built, []))  # no key off the GPU
+    assert len(plans) == 0
+    kept = kept_backward.KeptPlans()  # before its first plan: no module needed
+    assert kept.forward(x, None, None, 1e-6) is None and not kept.has(x, None, None)
 
 
 def test_the_c_paths_step_aside_for_profilers_forward_ad_and_compiled_autograd(monkeypatch):
@@ -168,7 +183,7 @@ CASES = {"rmsnorm": lambda x, w, b: rmsnorm(x, w),
 
 def _forget():
     for module in (rmsnorm_module, layernorm_module):
-        module._KEPT_NODES.clear()
+        module._KEPT_PLANS.clear()
         module._READY_FORWARDS.clear()
         module._READY_BACKWARDS.clear()
 
@@ -211,8 +226,22 @@ def _rmsnorm_with_a_kept_plan():
     for _ in range(2):
         x, w, _b = _leaves(x0, w0, w0)
         rmsnorm(x, w).backward(torch.randn_like(x0))
-    assert rmsnorm_module._KEPT_NODES, "no plan was kept"
+    assert rmsnorm_module._KEPT_PLANS, "no plan was kept"
     return x0, w0
+
+
+@gpu
+def test_a_plan_serves_only_the_layouts_it_was_kept_for():
+    x0, w0 = _rmsnorm_with_a_kept_plan()
+    x, w, _b = _leaves(x0, w0, w0)
+    assert "kept_backward.cpp" in rmsnorm(x, w).grad_fn.name()
+    flat = torch.randn(x0.numel() + 8, device="cuda", dtype=x0.dtype)
+    others = {"another dtype": (x.float(), w.float()), "no weight": (x, None),
+              "fewer rows": (x[:32], w), "rows apart": (torch.cat([x, x], 1)[:, :4096], w),
+              "not 16-byte aligned": (flat[1:1 + x0.numel()].view_as(x0).requires_grad_(), w)}
+    for what, (xo, wo) in others.items():
+        y = rmsnorm(xo, wo)
+        assert y.grad_fn.name() == "RMSNormFunctionBackward", what
 
 
 @gpu
@@ -273,7 +302,7 @@ def test_saved_tensors_given_back_laid_out_otherwise_go_to_the_python_backward()
     for _ in range(2):
         _, x, w = leaves()
         rmsnorm(x, w).backward(dy)
-    assert rmsnorm_module._KEPT_NODES, "no plan was kept"
+    assert rmsnorm_module._KEPT_PLANS, "no plan was kept"
     leaf, x, w = leaves()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
         y = rmsnorm(x, w)

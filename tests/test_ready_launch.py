@@ -19,9 +19,10 @@ from solutions.kernels.rmsnorm import add_rmsnorm, rmsnorm
 rmsnorm_module = importlib.import_module("solutions.kernels.rmsnorm")
 layernorm_module = importlib.import_module("solutions.kernels.layernorm")
 column_sums_module = importlib.import_module("solutions.kernels.column_sums")
-KEPT = (rmsnorm_module._READY_FORWARDS, rmsnorm_module._READY_BACKWARDS,
-        layernorm_module._READY_FORWARDS, layernorm_module._READY_BACKWARDS,
-        column_sums_module._READY, rmsnorm_module._KEPT_NODES, layernorm_module._KEPT_NODES)
+READY = (rmsnorm_module._READY_FORWARDS, rmsnorm_module._READY_BACKWARDS,
+         layernorm_module._READY_FORWARDS, layernorm_module._READY_BACKWARDS,
+         column_sums_module._READY)
+KEPT = READY + (rmsnorm_module._KEPT_PLANS, layernorm_module._KEPT_PLANS)  # with the plans
 
 
 def _forget():
@@ -119,7 +120,7 @@ gpu = pytest.mark.gpu
 def _kept_ready_launches():
     """Every ReadyLaunch the wrappers keep now (backwards keep theirs in a tuple)."""
     launches = []
-    for kept in KEPT:
+    for kept in READY:
         for value in kept.values():
             launches += [v for v in (value if isinstance(value, tuple) else (value,))
                          if hasattr(v, "kept")]

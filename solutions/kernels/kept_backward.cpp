@@ -8,12 +8,14 @@
 // other layout goes to the Python backward (`fallback`). Built by kept_backward.py.
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstring>
 #include <type_traits>
+#include <unordered_map>
 
 namespace py = pybind11;
 using torch::autograd::Node;
@@ -61,6 +63,27 @@ static bool same_layout(const Layout &l, const at::Tensor &t) {
                           (address(t) % 16 == 0) == l.aligned);
 }
 
+// The key a plan is kept under, as ready_launch.launch_key: the current device, then for
+// x and each parameter its dtype, device, 16-byte alignment, shape and strides, or -1 for
+// None. False where one is not a CUDA tensor: no plan is kept for it.
+static bool layout_key(std::vector<int64_t> &key, c10::DeviceIndex current,
+                       const at::Tensor *inputs, int64_t count) {
+  key.push_back(current);
+  for (int64_t i = 0; i < count; i++) {
+    const at::Tensor &t = inputs[i];
+    if (!t.defined()) {
+      key.push_back(-1);
+      continue;
+    }
+    if (!t.is_cuda()) return false;
+    key.insert(key.end(), {static_cast<int64_t>(t.scalar_type()), t.get_device(),
+                           address(t) % 16 == 0, t.dim()});
+    key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+    key.insert(key.end(), t.strides().begin(), t.strides().end());
+  }
+  return true;
+}
+
 // Saved for the backward, in the Function's order (so that checkpointing, which compares
 // what a forward saved with what its recomputation saves, sees the same either way)
 constexpr int kSaved = 4;  // x, the weight, then one or two statistics
@@ -73,6 +96,7 @@ struct Plan {
   std::vector<int> forward_sources, backward_sources;  // per per-call argument, as above
   int64_t inputs = 0, stats = 0;     // x and its parameters; float32 statistics a row
   c10::Device device = c10::Device(c10::DeviceType::CUDA, 0);  // the launches' device
+  std::vector<int64_t> key;   // where Plans keeps it (layout_key); empty off the GPU
   std::vector<Layout> saved;  // what the kept backward was made for: x, weight, statistics
   Layout grad;                // and the gradient (y's layout)
   std::vector<int64_t> partials_shape;  // (sets, n) or (sets, programs, n)
@@ -225,28 +249,85 @@ static at::Tensor attach(const std::shared_ptr<Plan> &plan, at::Tensor y, const 
 }
 
 // The kept forward with grads on: y and its statistics allocated and launched as the
-// Python kept path does, y given the node. The caller has looked up the plan by the
-// layouts of x and its parameters, and checked eps.
-static at::Tensor forward(const std::shared_ptr<Plan> &plan, const at::Tensor &x,
-                          const MaybeTensor &weight, const MaybeTensor &bias, double eps) {
+// Python kept path does, y given the node. `inputs`: x, the weight and the bias (undefined
+// where None), of the layouts the plan was kept for; eps checked by the caller.
+static at::Tensor run_forward(const std::shared_ptr<Plan> &plan, const at::Tensor *inputs,
+                              double eps) {
+  const at::Tensor &x = inputs[0];
   at::Tensor y = at::empty_like(x);
   std::vector<int64_t> stats_shape = {plan->stats};
   stats_shape.insert(stats_shape.end(), x.sizes().begin(), x.sizes().end() - 1);
   at::Tensor stats = at::empty(stats_shape, x.options().dtype(at::kFloat));
-  at::Tensor inputs[3] = {x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())};
   at::Tensor rows[2] = {stats[0], plan->stats > 1 ? stats[1] : stats[0]};
   uint64_t values[kMaxArguments];
   fill(values, plan->forward_sources, inputs, y, y, at::Tensor(), at::Tensor(), at::Tensor(),
        rows, eps);
   launch(*plan, plan->forward_launch, values);
-  return attach(plan, y, x, weight, bias, stats);
+  auto maybe = [](const at::Tensor &t) { return t.defined() ? MaybeTensor(t) : std::nullopt; };
+  return attach(plan, y, x, maybe(inputs[1]), maybe(inputs[2]), stats);
 }
+
+static at::Tensor forward(const std::shared_ptr<Plan> &plan, const at::Tensor &x,
+                          const MaybeTensor &weight, const MaybeTensor &bias, double eps) {
+  at::Tensor inputs[3] = {x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())};
+  return run_forward(plan, inputs, eps);
+}
+
+static c10::DeviceIndex current_device() {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index();
+}
+
+// A wrapper's plans by layout_key, looked up here on every forward with grads on (in
+// Python, the key alone cost about as much as PyTorch's whole forward's host time).
+struct Plans {
+  struct Hash {
+    size_t operator()(const std::vector<int64_t> &key) const {
+      size_t h = key.size();
+      for (int64_t v : key) h ^= std::hash<int64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+      return h;
+    }
+  };
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<Plan>, Hash> by_key;
+
+  // x and its parameters from Python: false where one is neither a tensor nor None
+  static bool unpack(py::handle x, py::handle weight, py::handle bias, at::Tensor *inputs) {
+    py::handle given[3] = {x, weight, bias};
+    for (int i = 0; i < 3; i++) {
+      if (given[i].is_none() && i > 0) continue;
+      if (!THPVariable_Check(given[i].ptr())) return false;
+      inputs[i] = THPVariable_Unpack(given[i].ptr());
+    }
+    return true;
+  }
+
+  std::shared_ptr<Plan> find(const at::Tensor *inputs) const {
+    if (by_key.empty() || !inputs[0].is_cuda()) return nullptr;  // (no CUDA device to ask)
+    std::vector<int64_t> key;
+    key.reserve(32);
+    if (!layout_key(key, current_device(), inputs, 3)) return nullptr;
+    auto found = by_key.find(key);
+    return found == by_key.end() ? nullptr : found->second;
+  }
+
+  // y from the plan of these layouts, its grad_fn a node; None where none is kept
+  py::object forward(py::handle x, py::handle weight, py::handle bias, double eps) const {
+    at::Tensor inputs[3];
+    if (!unpack(x, weight, bias, inputs)) return py::none();
+    std::shared_ptr<Plan> plan = find(inputs);
+    return plan ? py::cast(run_forward(plan, inputs, eps)) : py::none();
+  }
+
+  bool has(py::handle x, py::handle weight, py::handle bias) const {
+    at::Tensor inputs[3];
+    return unpack(x, weight, bias, inputs) && find(inputs) != nullptr;
+  }
+};
 
 PYBIND11_MODULE(kept_backward, m) {
   py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan")
       .def(py::init([](py::object forward, py::object backward, py::object sums,
                        py::object raw, std::vector<int> forward_sources,
-                       std::vector<int> backward_sources, int64_t inputs,
+                       std::vector<int> backward_sources, const std::vector<MaybeTensor> &inputs,
                        const std::vector<MaybeTensor> &saved, const at::Tensor &grad,
                        std::vector<int64_t> partials_shape, at::ScalarType partials_dtype,
                        at::ScalarType sums_dtype, py::object fallback, std::string name) {
@@ -258,7 +339,7 @@ PYBIND11_MODULE(kept_backward, m) {
                              backward_sources.size() <= kMaxArguments,
                          "kept launch: at most 16 per-call arguments");
              int64_t stats = static_cast<int64_t>(saved.size()) - 2;
-             TORCH_CHECK(inputs >= 1 && inputs <= 3 && stats >= 1 && stats <= 2,
+             TORCH_CHECK(inputs.size() >= 1 && inputs.size() <= 3 && stats >= 1 && stats <= 2,
                          "kept launch: x and up to two parameters; saved x, the weight and "
                          "one or two statistics");
              auto plan = std::make_shared<Plan>();
@@ -273,7 +354,11 @@ PYBIND11_MODULE(kept_backward, m) {
              plan->sums_launch = sums.is_none() ? nullptr : sums.attr("kept").ptr();
              plan->forward_sources = std::move(forward_sources);
              plan->backward_sources = std::move(backward_sources);
-             plan->inputs = inputs, plan->stats = stats;
+             plan->inputs = static_cast<int64_t>(inputs.size()), plan->stats = stats;
+             at::Tensor layouts[3];
+             for (size_t i = 0; i < inputs.size(); i++)
+               layouts[i] = inputs[i].value_or(at::Tensor());
+             if (!layout_key(plan->key, plan->device.index(), layouts, 3)) plan->key.clear();
              plan->partials_shape = std::move(partials_shape);
              plan->partials_dtype = partials_dtype, plan->sums_dtype = sums_dtype;
              plan->name = std::move(name);
@@ -281,11 +366,24 @@ PYBIND11_MODULE(kept_backward, m) {
            }),
            "Plan(forward, backward, sums, launch_raw, forward_sources, backward_sources, "
            "inputs, saved, grad, partials_shape, partials_dtype, sums_dtype, fallback, "
-           "name): ReadyLaunches whose launches are kept in C; saved and grad, the tensors "
-           "the kept backward was made for")
+           "name): ReadyLaunches whose launches are kept in C; inputs (x and its "
+           "parameters), the tensors the forward was made for; saved and grad, those the "
+           "kept backward was made for")
       .def("forward", &forward, "forward(x, weight, bias, eps) -> y, its grad_fn a node",
            py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"))
       .def("attach", &attach,
            "attach(y, x, weight, bias, stats) -> y, its grad_fn a node keeping x, the "
            "weight and each row of stats ((statistics, rows) float32)");
+  py::class_<Plans>(m, "Plans")
+      .def(py::init<>())
+      .def("add",
+           [](Plans &plans, const std::shared_ptr<Plan> &plan) {
+             TORCH_CHECK(!plan->key.empty(), "kept launch: a plan is kept for CUDA tensors");
+             plans.by_key[plan->key] = plan;
+           })
+      .def("forward", &Plans::forward,
+           "forward(x, weight, bias, eps) -> y from the plan kept for these layouts on the "
+           "current device, its grad_fn a node; None where none is kept")
+      .def("has", &Plans::has, "has(x, weight, bias): whether a plan is kept for these")
+      .def("__len__", [](const Plans &plans) { return plans.by_key.size(); });
 }

@@ -4,9 +4,10 @@ Through `torch.autograd`, a `torch.autograd.Function`'s backward runs as Python 
 worker thread: launching nothing, that alone costs 56 to 80 us a call on an H200 host, where
 `F.rms_norm`'s whole backward costs 72 to 97 (docs/sweeps/2026-11-29-backward-host). Once a
 layout's backward has run through the Function and kept its launches (`ready_launch.py`),
-the wrappers keep a `Plan` for that layout (`keep_node`). A later forward with grads on
-then runs `plan.forward`: it allocates y and the row statistics, launches the kept forward
-and gives y a node of `kept_backward.cpp`, all in C++. The node allocates and launches the
+the wrappers keep a `Plan` for that layout (`keep_node`) in their `KeptPlans`. A later
+forward with grads on then runs `plans.forward`: it finds the plan of x's layout, allocates
+y and the row statistics, launches the kept forward and gives y a node of
+`kept_backward.cpp`, all in C++. The node allocates and launches the
 kept backward and column sums from C++ (`kept_launch.c`'s launch_raw), and hands a
 gradient of any other layout to the Python backward. docs/sweeps/2026-11-29-backward-node.
 
@@ -131,17 +132,43 @@ def usable() -> bool:
                                     or torch._dynamo.config.compiled_autograd)
 
 
-def keep_node(nodes: dict, key, *, forward, backward, saved: tuple, dy: torch.Tensor,
-              sources: tuple[tuple[int, ...], tuple[int, ...]], inputs: int,
+class KeptPlans:
+    """A wrapper's plans, by the layouts of x and its parameters and the current device.
+    `forward(x, weight, bias, eps)`: y from the plan kept for these layouts, its grad_fn a
+    C++ node; None where none is kept. Until the first plan, no C++ module is needed."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.plans = None
+        self.forward = lambda x, weight, bias, eps: None
+
+    def add(self, plan) -> None:
+        if self.plans is None:
+            self.plans = module().Plans()  # built: the plan is one of its own
+            self.forward = self.plans.forward  # called as it is: no Python between
+        self.plans.add(plan)
+
+    def has(self, x, weight, bias) -> bool:
+        return self.plans is not None and self.plans.has(x, weight, bias)
+
+    def __len__(self) -> int:
+        return 0 if self.plans is None else len(self.plans)
+
+
+def keep_node(plans: KeptPlans, *, inputs: tuple, forward, backward, saved: tuple,
+              dy: torch.Tensor, sources: tuple[tuple[int, ...], tuple[int, ...]],
               sums_dtype: torch.dtype, fallback, name: str) -> None:
-    """After a backward through a wrapper's Function: keep in `nodes[key]` the Plan later
+    """After a backward through a wrapper's Function: keep in `plans` the Plan that later
     forwards of these layouts run, where the forward's launch (`forward`, a ReadyLaunch)
     and this backward's (`backward`, the wrapper's kept entry: the ReadyLaunch, the partial
     rows' shape and dtype, what sums them) were kept in C.
+    - `inputs`: x and its parameters (None where there is none), the layouts the forward
+      was made for and the node's edges;
     - `saved` and `dy`: what the Function saved (x, the weight, the statistics) and the
       gradient, the layouts the kept backward was made for;
     - `sources`: where the forward's and the backward's per-call arguments come from;
-    - `inputs`: x and its parameters, the node's edges;
     - `fallback(*saved, dy)`: the Python backward, for a gradient or saved tensors of
       another layout, giving one gradient per input."""
     if forward is None or backward is None:
@@ -154,7 +181,6 @@ def keep_node(nodes: dict, key, *, forward, backward, saved: tuple, dy: torch.Te
     built = module()
     if built is None or forward.kept is None or ready.kept is None or unsummed:
         return
-    nodes[key] = built.Plan(forward, ready, sums_ready,
-                            ready_launch._kept_launch_module.launch_raw, list(sources[0]),
-                            list(sources[1]), inputs, list(saved), dy, list(partials_shape),
-                            partials_dtype, sums_dtype, fallback, name)
+    plans.add(built.Plan(forward, ready, sums_ready, ready_launch._kept_launch_module.launch_raw,
+                         list(sources[0]), list(sources[1]), list(inputs), list(saved), dy,
+                         list(partials_shape), partials_dtype, sums_dtype, fallback, name))

@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.column_sums import partial_rows, summed, summer
-from solutions.kernels.kept_backward import Source, keep_node
+from solutions.kernels.kept_backward import KeptPlans, Source, keep_node
 from solutions.kernels.kept_backward import usable as kept_paths_usable
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
@@ -788,10 +788,9 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None,
     if torch.is_grad_enabled() and (x.requires_grad  # (no generator: this runs every call)
                                     or (weight is not None and weight.requires_grad)
                                     or (bias is not None and bias.requires_grad)):
-        kept = _KEPT_NODES.get(launch_key(x, weight, bias))
-        if kept is None or not kept_paths_usable():
-            return LayerNormFunction.apply(x, weight, bias, eps)
-        return kept.forward(x, weight, bias, check_eps(eps))  # y's grad_fn: a C++ node
+        # y's grad_fn a C++ node, where a plan is kept for these layouts
+        y = _KEPT_PLANS.forward(x, weight, bias, check_eps(eps)) if kept_paths_usable() else None
+        return y if y is not None else LayerNormFunction.apply(x, weight, bias, eps)
     return _forward(x, weight, bias, eps, False, None)[0]
 
 
@@ -805,7 +804,10 @@ class LayerNormFunction(torch.autograd.Function):
         ctx.param_dtype = (weight.dtype if weight is not None
                            else bias.dtype if bias is not None else x.dtype)
         ctx.has_bias = bias is not None
-        ctx.node_key = launch_key(x, weight, bias)  # where keep_node keeps a node
+        # Else a plan is kept after the backward: the bias's layout is part of its key
+        ctx.has_plan = _KEPT_PLANS.has(x, weight, bias)
+        ctx.bias = None if ctx.has_plan else bias
+        ctx.forward_key = launch_key(x, weight, bias, True)  # its kept launch's
         return y
 
     @staticmethod
@@ -813,13 +815,12 @@ class LayerNormFunction(torch.autograd.Function):
         x, weight, mean, rstd = ctx.saved_tensors
         dy = dy.contiguous()
         dx, dw, db = layernorm_backward(x, weight, mean, rstd, dy, ctx.param_dtype)
-        key = ctx.node_key
-        if key is not None and key not in _KEPT_NODES:  # (once kept, nothing to look up)
-            keep_node(_KEPT_NODES, key,
-                      forward=_READY_FORWARDS.get(key + (True,)),  # its key, store_stats=True
+        if not ctx.has_plan:  # (once kept, nothing to look up)
+            keep_node(_KEPT_PLANS, inputs=(x, weight, ctx.bias),
+                      forward=_READY_FORWARDS.get(ctx.forward_key),
                       backward=_READY_BACKWARDS.get(
                           launch_key(x, weight, mean, rstd, dy, ctx.param_dtype)),
-                      saved=(x, weight, mean, rstd), dy=dy, sources=_NODE_SOURCES, inputs=3,
+                      saved=(x, weight, mean, rstd), dy=dy, sources=_NODE_SOURCES,
                       sums_dtype=ctx.param_dtype, fallback=_python_backward(ctx.param_dtype),
                       name="LayerNormBackward (kept_backward.cpp)")
         dw = dw if weight is not None and ctx.needs_input_grad[1] else None
@@ -828,12 +829,12 @@ class LayerNormFunction(torch.autograd.Function):
 
 
 # Plans of the forward with grads on and its backward node, in C++ (kept_backward.py), by
-# launch_key(x, weight, bias): what layernorm runs once a layout's backward has kept its
-# launches. Where the per-call arguments of the forward (_FORWARD_PER_CALL) and the
-# backward (_BACKWARD_PER_CALL) come from: x, the parameters (or the launch's stand-in), y,
-# the row's mean and rstd, eps; the gradient, dx, the partial rows. Another gradient's
-# layout goes to Python.
-_KEPT_NODES: dict = {}
+# the layouts of x, the weight and the bias: what layernorm runs once a layout's backward
+# has kept its launches. Where the per-call arguments of the forward (_FORWARD_PER_CALL)
+# and the backward (_BACKWARD_PER_CALL) come from: x, the parameters (or the launch's
+# stand-in), y, the row's mean and rstd, eps; the gradient, dx, the partial rows. Another
+# gradient's layout goes to Python.
+_KEPT_PLANS = KeptPlans()
 _NODE_SOURCES = ((Source.X, Source.WEIGHT, Source.BIAS, Source.Y, Source.STAT0, Source.STAT1,
                   Source.EPS),
                  (Source.X, Source.WEIGHT, Source.GRAD, Source.STAT0, Source.STAT1, Source.DX,

@@ -67,7 +67,7 @@ import triton
 import triton.language as tl
 
 from solutions.kernels.column_sums import partial_rows, summed, summer
-from solutions.kernels.kept_backward import Source, keep_node
+from solutions.kernels.kept_backward import KeptPlans, Source, keep_node
 from solutions.kernels.kept_backward import usable as kept_paths_usable
 from solutions.kernels.launch import backward_plan, forward_plan
 from solutions.kernels.launch_plans import BackwardPlan, ForwardPlan, stated_multiple_of
@@ -718,10 +718,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
     """RMSNorm over the last dimension; differentiable (see RMSNormFunction)."""
     if torch.is_grad_enabled() and (x.requires_grad or
                                     (weight is not None and weight.requires_grad)):
-        kept = _KEPT_NODES.get(launch_key(x, weight))
-        if kept is None or not kept_paths_usable():
-            return RMSNormFunction.apply(x, weight, eps)
-        return kept.forward(x, weight, None, check_eps(eps))  # y's grad_fn: a C++ node
+        # y's grad_fn a C++ node, where a plan is kept for these layouts
+        y = _KEPT_PLANS.forward(x, weight, None, check_eps(eps)) if kept_paths_usable() else None
+        return y if y is not None else RMSNormFunction.apply(x, weight, eps)
     return _forward(x, weight, eps, None, False, None)[0]
 
 
@@ -747,12 +746,11 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         dy = dy.contiguous()
         dx, dw = rmsnorm_backward(x, weight, rstd, dy)
-        key = launch_key(x, weight)
-        if key is not None and key not in _KEPT_NODES:  # (once kept, nothing to look up)
-            keep_node(_KEPT_NODES, key,
+        if not _KEPT_PLANS.has(x, weight, None):  # (once kept, nothing to look up)
+            keep_node(_KEPT_PLANS, inputs=(x, weight),
                       forward=_READY_FORWARDS.get(launch_key(x, weight, None, True)),
                       backward=_READY_BACKWARDS.get(launch_key(x, weight, rstd, dy)),
-                      saved=(x, weight, rstd), dy=dy, sources=_NODE_SOURCES, inputs=2,
+                      saved=(x, weight, rstd), dy=dy, sources=_NODE_SOURCES,
                       sums_dtype=weight.dtype if weight is not None else x.dtype,
                       fallback=_python_backward, name="RMSNormBackward (kept_backward.cpp)")
         if weight is None or not ctx.needs_input_grad[1]:
@@ -761,11 +759,12 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 # Plans of the forward with grads on and its backward node, in C++ (kept_backward.py), by
-# launch_key(x, weight): what rmsnorm runs once a layout's backward has kept its launches.
+# the layouts of x and the weight: what rmsnorm runs once a layout's backward has kept its
+# launches.
 # Where the per-call arguments of the forward (_FORWARD_PER_CALL) and the backward
 # (_BACKWARD_PER_CALL) come from: x, the weight (or the launch's stand-in), y, the row's
 # rstd, eps; the gradient, dx, the partial rows. Another gradient's layout goes to Python.
-_KEPT_NODES: dict = {}
+_KEPT_PLANS = KeptPlans()
 _NODE_SOURCES = ((Source.X, Source.Y, Source.WEIGHT, Source.Y, Source.Y, Source.STAT0, Source.EPS),
                  (Source.X, Source.WEIGHT, Source.GRAD, Source.STAT0, Source.DX, Source.PARTIALS))
 

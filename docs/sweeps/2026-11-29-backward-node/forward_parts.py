@@ -1,9 +1,9 @@
 """Where a forward with grads on goes, ours through the C++ plan against F.rms_norm: the
-parts of `rmsnorm(x, w)` when x requires grad (the plan's lookup, its forward in C++) timed
-apart, beside what the same forward cost in Python (the kept forward keeping rstd, then
-the node attached). GPU only; run from the checkout's root. Calls back
-to back (100, then one synchronisation), median of 15 interleaved rounds, µs a call
-(step_host.interleaved)."""
+parts of `rmsnorm(x, w)` when x requires grad (the checks, the plan's lookup and forward in
+C++; before 2026-11-29 evening, the lookup by launch_key in Python) timed apart, beside
+the same forward's launch in Python (the kept forward keeping rstd). GPU only; run from
+the checkout's root. Calls back to back (100, then one synchronisation), median of 15
+interleaved rounds, µs a call (step_host.interleaved)."""
 import importlib
 import sys
 
@@ -26,9 +26,8 @@ def parts(M, N):
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     for _ in range(2):
         torch.autograd.grad(RN.rmsnorm(x, w), (x, w), dy)
-    plan = RN._KEPT_NODES[launch_key(x, w)]
-    y, _, rstd = RN._forward(x, w, 1e-6, None, True, None)
-    stats = rstd.view(1, -1)
+    plans = RN._KEPT_PLANS
+    assert plans.has(x, w, None), "no plan was kept"
     xd = x.detach()
     fns = {
         "ours rmsnorm(x, w), grads on": lambda: RN.rmsnorm(x, w),
@@ -36,10 +35,11 @@ def parts(M, N):
         "ours rmsnorm, x detached": lambda: RN.rmsnorm(xd, w.detach()),
         "F.rms_norm, x detached": lambda: F.rms_norm(xd, (N,), w.detach(), 1e-6),
         "ours Function.apply": lambda: RN.RMSNormFunction.apply(x, w, 1e-6),
-        "  plan lookup (launch_key, get)": lambda: RN._KEPT_NODES.get(launch_key(x, w)),
-        "  plan.forward (C++)": lambda: plan.forward(x, w, None, 1e-6),
+        "  launch_key (the old lookup's key)": lambda: launch_key(x, w),
+        "  plans.has (the C++ lookup)": lambda: plans.has(x, w, None),
+        "  kept_backward.usable()": kept_backward.usable,
+        "  plans.forward (C++ lookup, forward)": lambda: plans.forward(x, w, None, 1e-6),
         "  Python: _forward keeping rstd": lambda: RN._forward(x, w, 1e-6, None, True, None),
-        "  Python: plan.attach(y, ...)": lambda: plan.attach(y, x, w, None, stats),
         "  torch.empty_like(x)": lambda: torch.empty_like(x),
         "  x.view(-1) (grads on)": lambda: x.view(-1),
     }
