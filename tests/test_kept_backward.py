@@ -245,6 +245,26 @@ def test_a_plan_serves_only_the_layouts_it_was_kept_for():
 
 
 @gpu
+def test_a_plan_is_kept_under_the_layouts_its_launches_were_made_for():
+    # Under save_on_cpu the Function's backward gets x back dense, where its forward ran on
+    # rows 3 * 1024 apart: no plan may pair that dense key with the strided forward launch
+    kept_backward.module(wait=True)
+    _forget()
+    base = torch.randn(64, 3 * 1024, device="cuda", dtype=torch.bfloat16)
+    w0 = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    b0 = torch.randn_like(w0)
+    dy = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    for op, call in (("rmsnorm", lambda x, w, b: rmsnorm(x, w)),
+                     ("layernorm", lambda x, w, b: layernorm(x, w, b))):
+        for _ in range(2):
+            x, w, b = _leaves(base, w0, b0)
+            with torch.autograd.graph.save_on_cpu():
+                call(x[:, :1024], w, b).backward(dy)
+        x, w, b = _leaves(base[:, :1024].contiguous(), w0, b0)
+        assert "kept_backward.cpp" not in call(x, w, b).grad_fn.name(), op
+
+
+@gpu
 def test_a_node_hands_other_gradients_to_the_python_backward():
     from course import reference
     from course.check.compare import compare

@@ -804,10 +804,7 @@ class LayerNormFunction(torch.autograd.Function):
         ctx.param_dtype = (weight.dtype if weight is not None
                            else bias.dtype if bias is not None else x.dtype)
         ctx.has_bias = bias is not None
-        # Else a plan is kept after the backward: the bias's layout is part of its key
-        ctx.has_plan = _KEPT_PLANS.has(x, weight, bias)
-        ctx.bias = None if ctx.has_plan else bias
-        ctx.forward_key = launch_key(x, weight, bias, True)  # its kept launch's
+        ctx.bias = bias  # its layout is part of a plan's key (let go in the backward)
         return y
 
     @staticmethod
@@ -815,9 +812,12 @@ class LayerNormFunction(torch.autograd.Function):
         x, weight, mean, rstd = ctx.saved_tensors
         dy = dy.contiguous()
         dx, dw, db = layernorm_backward(x, weight, mean, rstd, dy, ctx.param_dtype)
-        if not ctx.has_plan:  # (once kept, nothing to look up)
-            keep_node(_KEPT_PLANS, inputs=(x, weight, ctx.bias),
-                      forward=_READY_FORWARDS.get(ctx.forward_key),
+        # Keyed by x as it was saved (a saved-tensor hook may give back a copy laid out
+        # otherwise), as are the launches the plan takes
+        bias, ctx.bias = ctx.bias, None
+        if not _KEPT_PLANS.has(x, weight, bias):  # (once kept, nothing to look up)
+            keep_node(_KEPT_PLANS, inputs=(x, weight, bias),
+                      forward=_READY_FORWARDS.get(launch_key(x, weight, bias, True)),
                       backward=_READY_BACKWARDS.get(
                           launch_key(x, weight, mean, rstd, dy, ctx.param_dtype)),
                       saved=(x, weight, mean, rstd), dy=dy, sources=_NODE_SOURCES,

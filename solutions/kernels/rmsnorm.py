@@ -746,6 +746,8 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         dy = dy.contiguous()
         dx, dw = rmsnorm_backward(x, weight, rstd, dy)
+        # Keyed by x as it was saved (a saved-tensor hook may give back a copy laid out
+        # otherwise), as are the launches the plan takes
         if not _KEPT_PLANS.has(x, weight, None):  # (once kept, nothing to look up)
             keep_node(_KEPT_PLANS, inputs=(x, weight),
                       forward=_READY_FORWARDS.get(launch_key(x, weight, None, True)),
