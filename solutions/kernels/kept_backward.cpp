@@ -1,9 +1,10 @@
 // The reference wrappers' kept launches with grads on, in C++: the forward and a backward
 // node. A Python torch.autograd.Function runs its backward as Python on autograd's worker
 // thread, which costs more than PyTorch's whole fused backward
-// (docs/sweeps/2026-11-29-backward-host). Here `forward` allocates y and the row statistics,
-// launches the kept forward and gives y a KeptBackward node; the node allocates dx and the
-// partial rows, launches the kept backward, then the column sums, with no Python at all.
+// (docs/sweeps/2026-11-29-backward-host). Here `Plans.forward` finds the plan of x's layout,
+// allocates y and the row statistics, launches the kept forward and gives y a KeptBackward
+// node; the node allocates dx and the partial rows, launches the kept backward, then the
+// column sums, with no Python at all.
 // The kernels are kept_launch.c's Launches, run through its launch_raw. A gradient of any
 // other layout goes to the Python backward (`fallback`). Built by kept_backward.py.
 #include <torch/csrc/autograd/function.h>
@@ -251,7 +252,7 @@ static at::Tensor attach(const std::shared_ptr<Plan> &plan, at::Tensor y, const 
 // The kept forward with grads on: y and its statistics allocated and launched as the
 // Python kept path does, y given the node. `inputs`: x, the weight and the bias (undefined
 // where None), of the layouts the plan was kept for; eps checked by the caller.
-static at::Tensor run_forward(const std::shared_ptr<Plan> &plan, const at::Tensor *inputs,
+static at::Tensor forward(const std::shared_ptr<Plan> &plan, const at::Tensor *inputs,
                               double eps) {
   const at::Tensor &x = inputs[0];
   at::Tensor y = at::empty_like(x);
@@ -265,12 +266,6 @@ static at::Tensor run_forward(const std::shared_ptr<Plan> &plan, const at::Tenso
   launch(*plan, plan->forward_launch, values);
   auto maybe = [](const at::Tensor &t) { return t.defined() ? MaybeTensor(t) : std::nullopt; };
   return attach(plan, y, x, maybe(inputs[1]), maybe(inputs[2]), stats);
-}
-
-static at::Tensor forward(const std::shared_ptr<Plan> &plan, const at::Tensor &x,
-                          const MaybeTensor &weight, const MaybeTensor &bias, double eps) {
-  at::Tensor inputs[3] = {x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())};
-  return run_forward(plan, inputs, eps);
 }
 
 static c10::DeviceIndex current_device() {
@@ -314,7 +309,7 @@ struct Plans {
     at::Tensor inputs[3];
     if (!unpack(x, weight, bias, inputs)) return py::none();
     std::shared_ptr<Plan> plan = find(inputs);
-    return plan ? py::cast(run_forward(plan, inputs, eps)) : py::none();
+    return plan ? py::cast(::forward(plan, inputs, eps)) : py::none();
   }
 
   bool has(py::handle x, py::handle weight, py::handle bias) const {
@@ -369,8 +364,6 @@ PYBIND11_MODULE(kept_backward, m) {
            "name): ReadyLaunches whose launches are kept in C; inputs (x and its "
            "parameters), the tensors the forward was made for; saved and grad, those the "
            "kept backward was made for")
-      .def("forward", &forward, "forward(x, weight, bias, eps) -> y, its grad_fn a node",
-           py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"))
       .def("attach", &attach,
            "attach(y, x, weight, bias, stats) -> y, its grad_fn a node keeping x, the "
            "weight and each row of stats ((statistics, rows) float32)");
