@@ -158,6 +158,17 @@ def test_plans_find_nothing_for_what_no_plan_was_kept_for(built):
     assert kept.forward(x, None, None, 1e-6) is None and not kept.has(x, None, None)
 
 
+def test_a_retained_graphs_second_backward_gives_every_gradient_again():
+    # course bench's first step keeps its graph; the Function's backward keeps the plan's key
+    device = "cuda" if runtime.on_gpu() else "cpu"
+    x, w, b = (torch.randn(*shape, device=device, requires_grad=True)
+               for shape in ((4, 8), (8,), (8,)))
+    y = layernorm(x, w, b)
+    first = torch.autograd.grad(y, (x, w, b), torch.ones_like(y), retain_graph=True)
+    second = torch.autograd.grad(y, (x, w, b), torch.ones_like(y))
+    assert all(torch.equal(f, g) for f, g in zip(first, second, strict=True))
+
+
 def test_the_c_paths_step_aside_for_profilers_forward_ad_and_compiled_autograd(monkeypatch):
     from triton import knobs
 

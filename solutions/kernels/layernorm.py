@@ -803,8 +803,7 @@ class LayerNormFunction(torch.autograd.Function):
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.param_dtype = (weight.dtype if weight is not None
                            else bias.dtype if bias is not None else x.dtype)
-        ctx.has_bias = bias is not None
-        ctx.bias = bias  # its layout is part of a plan's key (let go in the backward)
+        ctx.bias = bias  # its layout is part of a plan's key (kept for a second backward too)
         return y
 
     @staticmethod
@@ -814,7 +813,7 @@ class LayerNormFunction(torch.autograd.Function):
         dx, dw, db = layernorm_backward(x, weight, mean, rstd, dy, ctx.param_dtype)
         # Keyed by x as it was saved (a saved-tensor hook may give back a copy laid out
         # otherwise), as are the launches the plan takes
-        bias, ctx.bias = ctx.bias, None
+        bias = ctx.bias
         if not _KEPT_PLANS.has(x, weight, bias):  # (once kept, nothing to look up)
             keep_node(_KEPT_PLANS, inputs=(x, weight, bias),
                       forward=_READY_FORWARDS.get(launch_key(x, weight, bias, True)),
@@ -824,7 +823,7 @@ class LayerNormFunction(torch.autograd.Function):
                       sums_dtype=ctx.param_dtype, fallback=_python_backward(ctx.param_dtype),
                       name="LayerNormBackward (kept_backward.cpp)")
         dw = dw if weight is not None and ctx.needs_input_grad[1] else None
-        db = db if ctx.has_bias and ctx.needs_input_grad[2] else None
+        db = db if bias is not None and ctx.needs_input_grad[2] else None
         return dx, dw, db, None
 
 
