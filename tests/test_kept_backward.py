@@ -292,6 +292,37 @@ def test_a_node_hands_other_gradients_to_the_python_backward():
 
 
 @gpu
+def test_a_launch_hook_set_between_a_forward_and_its_backward_sees_the_backwards_launches(
+        monkeypatch):
+    # A profiler started after the forward: the node's C++ launches would not call its hook
+    from course import reference
+    from course.check.compare import compare
+
+    from triton import knobs
+
+    x0, w0 = _rmsnorm_with_a_kept_plan()
+    x, w, _b = _leaves(x0, w0, w0)
+    y = rmsnorm(x, w)
+    assert "kept_backward.cpp" in y.grad_fn.name()
+    launched = []
+    chain = knobs.runtime.launch_enter_hook  # a chain of hooks from Triton 3.4, before a hook
+    if hasattr(chain, "calls"):  # a new list: undo puts the chain's own back
+        monkeypatch.setattr(chain, "calls", [*chain.calls, launched.append])
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", launched.append)
+    dy = torch.randn_like(x0)
+    y.backward(dy)
+    assert launched, "the backward launched without calling the profiler's hook"
+    monkeypatch.undo()
+    want_dx, want_dw = reference.rmsnorm_backward(x0, w0, dy)
+    assert compare("dx", x.grad, want_dx, torch.bfloat16) is None
+    assert torch.allclose(w.grad.float(), want_dw.float(), rtol=2e-2, atol=1.0)
+    x, w, _b = _leaves(x0, w0, w0)
+    y = rmsnorm(x, w)  # with the hook gone, the node again
+    assert "kept_backward.cpp" in y.grad_fn.name()
+
+
+@gpu
 def test_a_node_launches_on_the_current_stream_inside_a_cuda_graph():
     # Captured on a side stream: a launch on any other stream fails the capture
     from course import reference

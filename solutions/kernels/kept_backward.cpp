@@ -4,7 +4,7 @@
 // (docs/sweeps/2026-11-29-backward-host). Here `Plans.forward` finds the plan of x's layout,
 // allocates y and the row statistics, launches the kept forward and gives y a KeptBackward
 // node; the node allocates dx and the partial rows, launches the kept backward, then the
-// column sums, with no Python at all.
+// column sums; its one Python call asks whether a profiler hooks launches (`hooked_now`).
 // The kernels are kept_launch.c's Launches, run through its launch_raw. A gradient of any
 // other layout goes to the Python backward (`fallback`). Built by kept_backward.py.
 #include <torch/csrc/autograd/function.h>
@@ -119,6 +119,16 @@ struct Plan {
   }
 };
 
+// Whether a profiler hooks Triton's launches now (kept_backward.launch_hooked, given by
+// kept_backward.py): one set after a forward must still see its backward's launches, which
+// the Python backward's launches call and these do not
+static PyObject *launch_hooked = nullptr;
+static bool hooked_now() {
+  if (!launch_hooked) return false;
+  py::gil_scoped_acquire gil;  // cheap on autograd's threads: each keeps a thread state
+  return py::reinterpret_borrow<py::object>(launch_hooked)().cast<bool>();
+}
+
 // On the current stream of the device the launch was kept for, as ReadyLaunch.run does
 static void launch(const Plan &plan, const void *kept, const uint64_t *values) {
   void *stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
@@ -172,7 +182,7 @@ struct KeptBackward : Node {
     bool kept = x.is_cuda() && same_layout(plan->grad, dy);
     for (int i = 0; kept && i < 2 + plan->stats; i++)
       kept = same_layout(plan->saved[i], tensors[i]);
-    if (!kept) return python_backward(tensors, dy);
+    if (!kept || hooked_now()) return python_backward(tensors, dy);
     at::Tensor dx = at::empty_like(x);  // as the Python kept path: torch.empty_like(x)
     at::Tensor partials =
         at::empty(plan->partials_shape, x.options().dtype(plan->partials_dtype));
@@ -319,6 +329,14 @@ struct Plans {
 };
 
 PYBIND11_MODULE(kept_backward, m) {
+  m.def(
+      "check_launch_hooks_with",
+      [](py::object hooked) {
+        Py_XDECREF(launch_hooked);
+        launch_hooked = hooked.is_none() ? nullptr : hooked.release().ptr();
+      },
+      "check_launch_hooks_with(hooked): a node's backward asks hooked() whether a profiler "
+      "hooks launches now, and if so takes the Python backward (None: it never asks)");
   py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan")
       .def(py::init([](py::object forward, py::object backward, py::object sums,
                        py::object raw, std::vector<int> forward_sources,

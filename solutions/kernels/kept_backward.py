@@ -91,6 +91,7 @@ def build(folder: Path | None = None):
     spec = importlib.util.spec_from_file_location("kept_backward", target)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.check_launch_hooks_with(launch_hooked)
     return module
 
 
@@ -120,12 +121,17 @@ def module(wait: bool = False):
     return _module or None
 
 
+def launch_hooked() -> bool:
+    """Whether a profiler hooks Triton's launches now: the C++ launches do not call its
+    hooks, so the forward and the node's backward then take the Python paths."""
+    return ready_launch.hooked(ready_launch.knobs.runtime.launch_enter_hook)
+
+
 def usable() -> bool:
     """Whether a forward may take a plan's C++ path now: not while a profiler hooks Triton's
-    launches (the C++ launches do not call its hooks), nor under forward-mode AD (the node
-    has no tangent) or compiled autograd (the node cannot be traced)."""
-    if (ready_launch.hooked(ready_launch.knobs.runtime.launch_enter_hook)
-            or forward_ad._current_level >= 0):
+    launches (`launch_hooked`), nor under forward-mode AD (the node has no tangent) or
+    compiled autograd (the node cannot be traced)."""
+    if launch_hooked() or forward_ad._current_level >= 0:
         return False
     compiled = sys.modules.get("torch._dynamo.compiled_autograd")
     return compiled is None or not (getattr(compiled, "compiled_autograd_enabled", False)
