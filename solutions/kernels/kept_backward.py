@@ -9,7 +9,8 @@ forward with grads on then runs `plans.forward`: it finds the plan of x's layout
 y and the row statistics, launches the kept forward and gives y a node of
 `kept_backward.cpp`, all in C++. The node allocates and launches the
 kept backward and column sums from C++ (`kept_launch.c`'s launch_raw), and hands a
-gradient of any other layout to the Python backward. docs/sweeps/2026-11-29-backward-node.
+gradient of any other layout, or any gradient while a profiler hooks launches, to the Python
+backward. docs/sweeps/2026-11-29-backward-node and 2026-11-29-hook-check.
 
 The module is built against the installed torch's headers with the C++ compiler, in a
 thread of its own on first use (tens of seconds), and kept in a cache folder; until it is
