@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from course import bench, check, reference, runtime, traffic
 from course.check import sandbox
@@ -284,6 +285,25 @@ def test_a_ridge_function_that_raises_or_is_not_passed_is_reported():
     with pytest.raises(TypeError, match="pass your function regime itself"):
         check.ridge_point(ridge_point, "memory")
 
+
+def test_a_ridge_function_right_where_it_answers_is_named_by_the_call_it_failed():
+    # Right on every roof but one: the advice names that call, not a right answer
+    def ridge_but_not_the_h100s(peak_flops, bytes_per_s):
+        if bytes_per_s == 3350e9:
+            raise ValueError("no H100 here")
+        return peak_flops / bytes_per_s
+
+    def ridge_but_nan_for_the_h100(peak_flops, bytes_per_s):
+        return math.nan if bytes_per_s == 3350e9 else peak_flops / bytes_per_s
+
+    for wrong, said in ((ridge_but_not_the_h100s, "raised ValueError: no H100 here"),
+                        (ridge_but_nan_for_the_h100, "returned nan, not a finite number")):
+        with pytest.raises(AssertionError) as failure:
+            check.ridge_point(wrong, regime, seed=0, quiet=True)
+        message = str(failure.value)
+        assert re.search(r"ridge_point is off: for \(\d+\.0, 3350000000000\.0\) it " +
+                         re.escape(said), message), message
+        assert "expected" not in message.split("Wrong on")[0], message
 
 
 def test_a_ridge_function_that_calls_course_traffic_fails_even_when_right():

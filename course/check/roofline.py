@@ -342,6 +342,11 @@ def _diagnose(function: _Function, calls: list[_Call]) -> str:
         first = next((c.error for c in calls if c.error), None)
         return (f"it raised {first}" if first else "it did not return a number")
     wrong = [c for c in answered if not _same(float(c.got), float(c.want))]
+    odd = next((c for c in calls if c not in answered), None)
+    if not wrong and odd is not None:  # every number it gave is right: the rest is the fault
+        args = ", ".join(map(repr, odd.args))
+        return (f"for ({args}) it raised {odd.error}" if odd.error else
+                f"for ({args}) it returned {odd.got!r}, not a finite number")
     for mistake in function.mistakes():
         if all(_same(float(c.got), float(mistake.value(*c.mistake_args))) for c in answered):
             return mistake.why
