@@ -306,6 +306,19 @@ def test_a_ridge_function_right_where_it_answers_is_named_by_the_call_it_failed(
         assert "expected" not in message.split("Wrong on")[0], message
 
 
+def test_a_regime_right_where_it_answers_is_named_by_the_call_it_failed():
+    def regime_but_not_on_the_h100(intensity, peak_flops, bytes_per_s):
+        if bytes_per_s == 3350e9:
+            raise ValueError("no H100 here")
+        return regime(intensity, peak_flops, bytes_per_s)
+
+    with pytest.raises(AssertionError) as failure:  # not StopIteration from the diagnosis
+        check.ridge_point(ridge_point, regime_but_not_on_the_h100, seed=0, quiet=True)
+    message = str(failure.value)
+    assert re.search(r"regime is off: for .* on H100 SXM .* it raised ValueError: no H100 "
+                     r"here \(every answer it gave is right\)", message), message
+
+
 def test_a_ridge_function_that_calls_course_traffic_fails_even_when_right():
     from course import hardware
 

@@ -588,6 +588,11 @@ def _diagnose_regime(calls: list[_RegimeCall], own_ridges: dict[_Roof, float]) -
                     "nothing after it)")
         return (f"it returned {odd!r} ({type(odd).__name__}): return the string 'memory' or "
                 "'compute'")
+    raised = next((c for c in calls if c.error is not None), None)
+    if raised is not None and all(c.got == c.want for c in answered):
+        return (f"for {raised.kernel} at {raised.intensity:.4g} FLOP/byte on "
+                f"{raised.roof.label()} it raised {raised.error} (every answer it gave is "
+                "right)")
     # A regime built on the learner's own ridge_point is right once that is.
     if own_ridges and any(not _same(own, roof.ridge) for roof, own in own_ridges.items()) \
             and all(c.roof in own_ridges and c.got == _side(c.intensity, own_ridges[c.roof])
