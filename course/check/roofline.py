@@ -336,13 +336,14 @@ def _diagnose(function: _Function, calls: list[_Call]) -> str:
     if used:
         return (f"it {calls_said(used)}, the model this check compares against. Write the "
                 "arithmetic yourself, in plain Python, from the counts in the text")
-    answered = [c for c in calls if c.error is None and isinstance(c.got, Real)
-                and not isinstance(c.got, bool) and math.isfinite(float(c.got))]
+    numbers = [c.error is None and isinstance(c.got, Real) and not isinstance(c.got, bool)
+               and math.isfinite(float(c.got)) for c in calls]
+    answered = [c for c, number in zip(calls, numbers, strict=True) if number]
     if not answered:
         first = next((c.error for c in calls if c.error), None)
         return (f"it raised {first}" if first else "it did not return a number")
     wrong = [c for c in answered if not _same(float(c.got), float(c.want))]
-    odd = next((c for c in calls if c not in answered), None)
+    odd = next((c for c, number in zip(calls, numbers, strict=True) if not number), None)
     if not wrong and odd is not None:  # every number it gave is right: the rest is the fault
         args = ", ".join(map(repr, odd.args))
         return (f"for ({args}) it raised {odd.error}" if odd.error else

@@ -263,7 +263,7 @@ static at::Tensor attach(const std::shared_ptr<Plan> &plan, at::Tensor y, const 
 // Python kept path does, y given the node. `inputs`: x, the weight and the bias (undefined
 // where None), of the layouts the plan was kept for; eps checked by the caller.
 static at::Tensor forward(const std::shared_ptr<Plan> &plan, const at::Tensor *inputs,
-                              double eps) {
+                          double eps) {
   const at::Tensor &x = inputs[0];
   at::Tensor y = at::empty_like(x);
   std::vector<int64_t> stats_shape = {plan->stats};
