@@ -32,6 +32,7 @@ from course.verify.verifier import Verdict, course_imports, free_names, summary,
 
 import pytest
 import torch
+import triton.runtime.jit as _jit
 
 nbformat = pytest.importorskip("nbformat", reason="the verifier reads notebooks")
 
@@ -361,6 +362,18 @@ def test_the_snapshot_sees_nothing_after_an_honest_check():
     ("course.check.sandbox.CallRecord.merge_remote",
      lambda m: m.setattr(sandbox.CallRecord, "merge_remote", lambda *a: None)),
     ("COURSE_GRADING", lambda m: m.setenv("COURSE_GRADING", "0")),
+    # Each object is looked up again where the snapshot found it: a watched class by its
+    # name, a course class in its module, a method in its class, a module in sys.modules.
+    ("class triton.runtime.jit:JITFunction was replaced", lambda m: m.setattr(
+        "triton.runtime.jit.JITFunction", type("JITFunction", (_jit.JITFunction,), {}))),
+    ("class course.check.sandbox:CallRecord was replaced", lambda m: m.setattr(
+        sandbox, "CallRecord", type("CallRecord", (sandbox.CallRecord,), {}))),
+    ("course.check.sandbox.CallRecord.merge_remote was replaced or deleted",
+     lambda m: m.delattr(sandbox.CallRecord, "merge_remote")),
+    ("sys.modules['course.check.sandbox'] was replaced or deleted",
+     lambda m: m.delitem(sys.modules, "course.check.sandbox")),
+    ("course.verify.tamper.describe was rewritten",
+     lambda m: m.setattr(tamper.describe, "__code__", (lambda changes, limit=5: "").__code__)),
 ])
 def test_the_snapshot_names_what_was_replaced(monkeypatch, what, patch):
     snapshot = tamper.Snapshot.take()

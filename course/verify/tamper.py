@@ -153,22 +153,26 @@ def _contents(value: object, held: list, depth: int = 0) -> object:
     if kind in _PLAIN:
         return value
     if depth < _DEPTH:
+        inner = depth + 1
+        # A plain item is its own contents: taken as it is, without a call per item.
         if kind in (tuple, list):
-            return kind.__name__, tuple(_contents(v, held, depth + 1) for v in value)
+            return kind.__name__, tuple(v if type(v) in _PLAIN else _contents(v, held, inner)
+                                        for v in value)
         if kind in (set, frozenset):
-            return kind.__name__, tuple(sorted(repr(_contents(v, held, depth + 1))
-                                               for v in value))
+            return kind.__name__, tuple(sorted(
+                repr(v if type(v) in _PLAIN else _contents(v, held, inner)) for v in value))
         if isinstance(value, (dict, types.MappingProxyType)):
-            return kind.__name__, tuple((_contents(k, held, depth + 1),
-                                         _contents(v, held, depth + 1))
-                                        for k, v in list(value.items()))
+            return kind.__name__, tuple(
+                (k if type(k) in _PLAIN else _contents(k, held, inner),
+                 v if type(v) in _PLAIN else _contents(v, held, inner))
+                for k, v in list(value.items()))
         if kind.__module__.split(".")[0] in WATCHED_PACKAGES and not _kept(value):
             if dataclasses.is_dataclass(value):
                 fields = {f.name: getattr(value, f.name, None)
                           for f in dataclasses.fields(value)}
             else:
                 fields = dict(getattr(value, "__dict__", {}))
-            return kind.__qualname__, id(value), _contents(fields, held, depth + 1)
+            return kind.__qualname__, id(value), _contents(fields, held, inner)
     held.append(value)
     return "object", kind.__qualname__, id(value)
 
@@ -221,30 +225,41 @@ def _unfounded_kernels_seen(seen: object, checked: dict[int, tuple[object, objec
     return found
 
 
-def _watched() -> tuple[dict[str, object], dict[str, object]]:
-    """Every function, class and module kept, by name; and the course's modules and classes
-    whose settings are kept, by the prefix of their settings' names."""
-    entries: dict[str, object] = {}
+# Where a kept object is looked up again at each check, besides the namespace (a module's or
+# a class's own dict) it was found in: `sys.modules`, read anew (it can be rebound), and a
+# watched class, resolved again by its "module:qualified name".
+_IN_SYS_MODULES = "sys.modules"
+_BY_SPEC = "a watched class's name"
+
+
+def _watched() -> tuple[dict[str, tuple[object, str, object]], dict[str, object]]:
+    """Every function, class and module kept, by name, as (where it is looked up, under
+    what key, the object); and the course's modules and classes whose settings are kept, by
+    the prefix of their settings' names."""
+    entries: dict[str, tuple[object, str, object]] = {}
     owners: dict[str, object] = {}
-    classes = {spec: cls_ for spec in WATCHED_CLASSES if (cls_ := _resolve(spec))}
+    classes = {spec: (_BY_SPEC, spec, cls_) for spec in WATCHED_CLASSES
+               if (cls_ := _resolve(spec))}
     for name, module in _modules().items():
-        entries[f"sys.modules[{name!r}]"] = module
+        entries[f"sys.modules[{name!r}]"] = (_IN_SYS_MODULES, name, module)
+        namespace = vars(module)
         course = _in_packages(name)
         if course:
             owners[name] = module
-        for attr, value in list(vars(module).items()):
+        for attr, value in list(namespace.items()):
             if _kept(value):
-                entries[f"{name}.{attr}"] = value
+                entries[f"{name}.{attr}"] = (namespace, attr, value)
             if isinstance(value, type) and value.__module__ == name and course:
-                classes[f"{name}:{value.__qualname__}"] = value
-    for spec, class_ in classes.items():
-        entries[f"class {spec}"] = class_
+                classes[f"{name}:{value.__qualname__}"] = (namespace, attr, value)
+    for spec, (where, key, class_) in classes.items():
+        entries[f"class {spec}"] = (where, key, class_)
         prefix = spec.replace(":", ".")
         if _in_packages(class_.__module__):
             owners[prefix] = class_
-        for attr, value in list(vars(class_).items()):
+        namespace = vars(class_)  # a live view of the class's own attributes
+        for attr, value in list(namespace.items()):
             if _kept(value):
-                entries[f"{prefix}.{attr}"] = value
+                entries[f"{prefix}.{attr}"] = (namespace, attr, value)
     return entries, owners
 
 
@@ -261,11 +276,12 @@ class Snapshot:
 
     __slots__ = ("_entries", "_settings", "_environment", "_held", "_seal", "_kernels_checked")
 
-    def __init__(self, entries: dict[str, object], settings: dict[str, tuple[object, object]],
-                 environment: dict[str, str | None]):
+    def __init__(self, entries: dict[str, tuple[object, str, object]],
+                 settings: dict[str, tuple[object, object]], environment: dict[str, str | None]):
         # Tuples, not dicts: what is kept cannot be changed in place, only rebound, which
         # the seal shows.
-        self._entries = tuple((name, value, _insides(value)) for name, value in entries.items())
+        self._entries = tuple((name, where, key, value, _insides(value))
+                              for name, (where, key, value) in entries.items())
         held: list = []
         self._settings = tuple((name, owner, value, _digest(value, held))
                                for name, (owner, value) in settings.items())
@@ -303,8 +319,8 @@ class Snapshot:
 
     # What it calls is bound here, as it is defined: a module's function rebound later (one
     # that reports nothing) is not called; rewriting these defaults is refused by the walls.
-    def changes(self, seal: tuple | None = None, *, _watched=_watched, _insides=_insides,
-                _digest=_digest, _seal_of=_seal_of, _unfounded=_unfounded_kernels_seen
+    def changes(self, seal: tuple | None = None, *, _insides=_insides, _digest=_digest,
+                _resolve=_resolve, _seal_of=_seal_of, _unfounded=_unfounded_kernels_seen
                 ) -> list[Change]:
         """What differs now from when the snapshot was taken. `seal`: its `seal` as taken,
         kept apart from it (by default, the one it keeps itself)."""
@@ -313,16 +329,24 @@ class Snapshot:
         if any(a is not b for a, b in zip(_seal_of(self), kept, strict=True)):
             found.append(Change("the tamper check's own snapshot",
                                 "changed after it was taken"))
-        now, _ = _watched()
-        for name, value, kept in self._entries:
-            if now.get(name) is not value:
-                found.append(Change(name, "replaced" if name in now else "replaced or deleted"))
-                continue
-            current = _insides(value)
-            if kept is not None and any(a is not b for a, b in zip(kept, current, strict=True)):
+        missing = object()
+        # Each object looked up where it was found (not every module listed again).
+        for name, where, key, value, kept in self._entries:
+            if where is _IN_SYS_MODULES:
+                current = sys.modules.get(key, missing)
+            elif where is _BY_SPEC:
+                current = _resolve(key)
+                current = missing if current is None else current
+            else:
+                current = where.get(key, missing)
+            if current is not value:
+                found.append(Change(name, "replaced or deleted" if current is missing
+                                    else "replaced"))
+            elif kept is not None and ((now := _insides(value))[0] is not kept[0]
+                                       or now[1] is not kept[1] or now[2] is not kept[2]):
                 found.append(Change(name, "rewritten (its __code__ or defaults replaced)"))
+        digests: dict[int, str | None] = {}  # by id of a kept value: once each, in this call
         for name, owner, value, digest in self._settings:
-            missing = object()
             if name.endswith("()"):
                 try:
                     current = owner() if callable(owner) else missing
@@ -334,8 +358,11 @@ class Snapshot:
                 found.append(Change(name, "deleted"))
             elif current is not value:
                 found.append(Change(name, "replaced (a setting the checks read)"))
-            elif digest is not None and _digest(value, []) != digest:
-                found.append(Change(name, "changed in place (a setting the checks read)"))
+            elif digest is not None:
+                if (now := digests.get(id(value))) is None:
+                    now = digests[id(value)] = _digest(value, [])
+                if now != digest:
+                    found.append(Change(name, "changed in place (a setting the checks read)"))
         module_name, _, attr = KERNELS_SEEN.rpartition(".")
         module = sys.modules.get(module_name)
         if module is not None:
