@@ -68,6 +68,7 @@ GPU_TEST_FILES = ["tests/test_check.py", "tests/test_reference.py", "tests/test_
                   "tests/test_shootout.py", "tests/test_profile_kernels.py",
                   "tests/test_plain_kernels.py", "tests/test_launch_rule.py",
                   "tests/test_ready_launch.py", "tests/test_kept_backward.py",
+                  "tests/test_columns_backward.py",
                   "tests/test_one_read.py",
                   "tests/test_backward_diagnoses.py", "tests/test_check_adversarial.py",
                   "tests/test_compiled.py"]

@@ -110,8 +110,10 @@ def backward_launch(op: str, M: int, N: int, dtype: torch.dtype, device: torch.d
     programs = cdiv(M, rows_per_program)
     if plan.path == "split" and not layernorm:
         programs = min(M, plan.programs)
-    out = {"path": plan.path, "grid": programs * (plan.split if plan.path == "split" else 1),
-           "rows_per_program": rows_per_program, **_refused(plan, device)}
+    grid = (plan.column_grid(M, N)[0] if plan.path == "columns"
+            else programs * (plan.split if plan.path == "split" else 1))
+    out = {"path": plan.path, "grid": grid, "rows_per_program": rows_per_program,
+           **_refused(plan, device)}
     if plan.path == "rows":
         out |= dict(SUM_EACH_STEP=plan.sum_each_step, PREFETCH=plan.prefetch,
                     BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
@@ -126,6 +128,9 @@ def backward_launch(op: str, M: int, N: int, dtype: torch.dtype, device: torch.d
             out["TAIL"] = _error(exc)
     elif plan.path == "split":
         out |= dict(SPLIT=plan.split, BLOCK_N=plan.block_n, **_options(plan))
+    elif plan.path == "columns":
+        out |= dict(COLUMNS=plan.columns, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                    num_warps=plan.num_warps)
     else:
         out |= dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     return out
@@ -175,7 +180,7 @@ def test_the_snapshot_covers_every_path_of_every_op():
     for op in FORWARD_OPS:
         assert {(op, p) for p in ("rows", "loop", "split")} <= paths, op
     for op in BACKWARD_OPS:
-        assert {(op, p) for p in ("rows", "pieces", "split", "loop")} <= paths, op
+        assert {(op, p) for p in ("rows", "pieces", "split", "loop", "columns")} <= paths, op
 
 
 def plan_problems(op: str, M: int, N: int, plan, gpu) -> list[str]:
@@ -249,7 +254,7 @@ def test_the_derived_rules_plan_every_shape_within_the_gpus_means(gpu):
     assert not problems, f"{len(problems)} unfit plans, the first: " + "\n".join(problems[:10])
     if gpu.concurrent:
         assert {(op, "split") for op in FORWARD_OPS + BACKWARD_OPS} <= paths
-    assert {(op, "pieces") for op in BACKWARD_OPS} <= paths
+    assert {(op, p) for op in BACKWARD_OPS for p in ("pieces", "columns")} <= paths
 
 
 def test_planning_without_the_tables_leaves_them_out():

@@ -23,6 +23,12 @@ PROGRAMS_AN_SM = 4  # a rows program moves its SM's share of the bytes in flight
 PERSISTENT_PER_SM = 8  # short rows: programs an SM, walking over the tiles
 SPLIT_BLOCK, SPLIT_WARPS, SECOND_BLOCK = 16384, 16, 8192  # the split path's programs
 RESIDUAL_SPLIT, RESIDUAL_SPLIT_BLOCKS = 32, (4096, 16384)  # the fused add's programs a row
+# The columns path (backward of a few rows): the rows it takes and the values (M x N) every
+# one of its programs reads, the columns a program owns, the values of the tile (every
+# row, some columns) its per-row sums are loaded in, and its warps (swept on an H200:
+# docs/sweeps/2026-11-29-few-rows)
+FEW_ROWS, FEW_ROWS_VALUES = 8, 32768
+COLUMNS, COLUMNS_TILE, COLUMNS_WARPS = 128, 8192, 8
 
 
 def _power_of_2_in(value: float, lo: int, hi: int) -> int:
@@ -98,6 +104,21 @@ def fused_add_long_rows(rows: Rows) -> ForwardPlan:
     if rows.gpu.runs_split(plan.split):
         return plan
     return ForwardPlan(path="loop", block_n=4096, num_warps=8, programs=rows.gpu.sms)
+
+
+def few_rows(rows: Rows) -> BackwardPlan | None:
+    """2 to FEW_ROWS rows (decode), FEW_ROWS_VALUES values at most: one launch whose programs
+    own COLUMNS columns of every row and sum each whole row themselves (from L2), so dW
+    needs no second launch. On an H200 that saved about 5 us of host time a backward; in a
+    CUDA graph it was faster up to 4 rows and 0.5 to 3 us slower at 8, each program's reads
+    growing with M x N (docs/sweeps/2026-11-29-few-rows). One row keeps the rows path: its
+    one program already writes dW itself."""
+    if not 2 <= rows.M <= FEW_ROWS or rows.M * rows.N > FEW_ROWS_VALUES:
+        return None
+    block_m = next_power_of_2(rows.M)  # every row at once
+    return BackwardPlan(path="columns", block_m=block_m,
+                        block_n=min(rows.block_n, COLUMNS_TILE // block_m),
+                        num_warps=COLUMNS_WARPS, programs=1, columns=min(rows.block_n, COLUMNS))
 
 
 def pieces(rows: Rows) -> BackwardPlan | None:

@@ -8,15 +8,18 @@ The paths (rmsnorm.py's module docstring names the kernel each one runs):
 - split:  SPLIT programs on different SMs share a row and exchange their partial sums
           (sibling_sync.py; GPU only: the interpreter runs programs one after another);
 - pieces: (backward) a 16-bit row between two powers of two, held as half its block and
-          the power of two that covers the rest.
+          the power of two that covers the rest;
+- columns: (backward, a few rows) a program owns some columns of every row and sums each
+          whole row itself, so dW is written in one launch, without column sums.
 
 Reading guide. A plan is data, built by keyword: `ForwardPlan`, `BackwardPlan`, and
 `Variant`, the one thing a forward plan may do beyond its path's plain kernel; a rule is asked
 about `Rows` and answers with a plan or None (launch_plans.py, with `stated_multiple_of`, the
 MULTIPLE every kernel takes). For each op, `FORWARD_RULES` and `BACKWARD_RULES` below list the
-rules in the order they are tried; the first that gives a plan wins. First come the rules
-measured on this GPU (`measured`, plan_tables.py: the table in plans/<gpu>.json, one record
-per rule, in order), then rules derived from the GPU's properties (derived_rules.py, from
+rules in the order they are tried; the first that gives a plan wins. A backward of a few
+rows takes the columns path on every GPU (`few_rows`, derived). Then come the rules measured
+on this GPU (`measured`, plan_tables.py: the table in plans/<gpu>.json, one record per rule,
+in order), then rules derived from the GPU's properties (derived_rules.py, from
 `GpuProperties` in gpus.py), which are all that a GPU without a table gets. Each rule says in
 one line why it is what it is; docs/launch-rules.md has the measurements.
 """
@@ -35,6 +38,7 @@ from solutions.kernels.derived_rules import (
     backward_loop,
     backward_rows,
     backward_split,
+    few_rows,
     fused_add_long_rows,
     long_rows,
     persistent_short_rows,
@@ -57,8 +61,10 @@ FORWARD_RULES: dict[str, tuple[Rule, ...]] = {
     "layernorm": (measured, persistent_short_rows, rows_in_registers, long_rows),
 }
 BACKWARD_RULES: dict[str, tuple[Rule, ...]] = {
-    "rmsnorm_backward": (measured, pieces, backward_rows, backward_split, backward_loop),
-    "layernorm_backward": (measured, pieces, backward_rows, backward_split, backward_loop),
+    "rmsnorm_backward": (few_rows, measured, pieces, backward_rows, backward_split,
+                         backward_loop),
+    "layernorm_backward": (few_rows, measured, pieces, backward_rows, backward_split,
+                           backward_loop),
 }
 
 

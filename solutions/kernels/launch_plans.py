@@ -105,10 +105,11 @@ class ForwardPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class BackwardPlan:
-    path: str  # "rows", "pieces", "split" or "loop"
-    block_n: int  # columns per block (pieces: the first piece's)
+    path: str  # "rows", "pieces", "split", "loop" or "columns"
+    block_n: int  # columns per block (pieces: the first piece's; columns: the row's sums')
     num_warps: int
     programs: int  # kernel 1's programs (split: row groups), each writing a row of dW sums
+    # (columns: 1, the one row of dW sums that its programs write a part each of)
     block_m: int = 1  # rows per step inside a program
     split: int = 1  # programs per row group (split path)
     num_stages: int = 1
@@ -116,7 +117,22 @@ class BackwardPlan:
     sum_each_step: bool = False  # rows: add dW up over each step's rows as it goes
     prefetch: bool = False  # rows: load the next step's x and dy before this step's math
     max_registers: int = 0  # per thread, passed to the compiler as maxnreg (0: its choice)
+    columns: int = 0  # columns path: the columns a program owns, of every row (its grid)
     launch_options = _launch_options
+
+    def __post_init__(self):
+        if (self.path == "columns") != (self.columns > 0) or (
+                self.path == "columns" and self.programs != 1):
+            raise ValueError(f"the columns path, and no other, takes columns > 0 and "
+                             f"programs = 1 (one row of dW sums): {self}")
+
+    def column_grid(self, M: int, N: int) -> tuple[int]:
+        """The columns path's grid: a program per `columns` columns of every row, each
+        holding all M rows at once (block_m of them)."""
+        if self.block_m < M:
+            raise ValueError(f"a columns plan holds every row at once: block_m = "
+                             f"{self.block_m} is under M = {M}: {self}")
+        return (-(-N // self.columns),)
 
     def rows_per_program(self, M: int) -> int:
         return math.ceil(M / self.programs)

@@ -24,11 +24,12 @@ Backward (per row, x_hat = (x - mean) * rstd, g = dy * w):
     dx = rstd * (g - mean(g) - x_hat * mean(x_hat * g)),   dw = sum dy * x_hat,   db = sum dy
 
 dw and db are summed as RMSNorm's dw is: a float32 partial row each per program, then
-`column_sums` (one launch for both), or written in the parameters' dtype by a lone program.
+`column_sums` (one launch for both), or written in the parameters' dtype by a lone program
+(or by the columns path's programs, each its own columns).
 
 Reading guide. Read `plain_layernorm.py` first: the same arithmetic, one row a program, the
 variance from the centred row. The kernels here mirror rmsnorm.py's, path for path, and its
-module docstring says which plan field sets which flag; read that one first. Seven kernels:
+module docstring says which plan field sets which flag; read that one first. Eight kernels:
 
     kernel                       plan.path         what it adds to rmsnorm.py's
     layernorm_fwd_rows_kernel    Forward "rows"    mean first, then the centred sum of
@@ -43,6 +44,8 @@ module docstring says which plan field sets which flag; read that one first. Sev
     layernorm_bwd_pieces_kernel  Backward "pieces" the same, in HEAD + TAIL columns
     layernorm_bwd_split_kernel   Backward "split"  both sums exchanged
     layernorm_bwd_loop_kernel    Backward "loop"   both sums, two passes over the row
+    layernorm_bwd_columns_kernel Backward "columns" both sums, over every row in every
+                                                   program; dB's columns beside dW's
 
 Flags of their own: HAS_BIAS, and STORE_STATS (the autograd forward saves mean and rstd)
 where RMSNorm has STORE_RSTD; two choices are made inside the rows kernel from BLOCK_N and
@@ -708,6 +711,50 @@ def layernorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr,
     tl.store(out + stride_partial_set, db_acc.to(partial_type), mask=col_mask)
 
 
+@triton.jit
+def layernorm_bwd_columns_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
+                                 M, N, stride_x_row, stride_dy_row, stride_dx_row,
+                                 stride_partial_set,
+                                 HAS_WEIGHT: tl.constexpr, COLUMNS: tl.constexpr,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 MULTIPLE: tl.constexpr):
+    # As rmsnorm_bwd_columns_kernel: each program sums both of LayerNorm's sums over every
+    # whole row itself (the same order in every program), stores its columns of dx, and
+    # writes its columns of dW and dB in the parameters' dtype.
+    N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, stride_partial_set, MULTIPLE=MULTIPLE)
+    rows = tl.arange(0, BLOCK_M)
+    mean = tl.load(mean_ptr + rows, mask=rows < M, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_xg = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        block = start + tl.arange(0, BLOCK_N)
+        x, dy = load_x_dy(x_ptr, dy_ptr, 0, M, block, block < N, stride_x_row, stride_dy_row,
+                          BLOCK_M=BLOCK_M)
+        w = weights_or_ones(w_ptr, block, block < N, HAS_WEIGHT=HAS_WEIGHT)
+        g = dy.to(tl.float32) * w[None, :]  # 0 past N and M, where x_hat is not
+        acc_g += g
+        acc_xg += (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g
+    mean_g = tl.sum(acc_g, axis=1) / N
+    mean_xg = tl.sum(acc_xg, axis=1) / N
+    cols = tl.program_id(0) * COLUMNS + tl.arange(0, COLUMNS)
+    col_mask = cols < N
+    mask = (rows < M)[:, None] & col_mask[None, :]
+    x, dy = load_x_dy(x_ptr, dy_ptr, 0, M, cols, col_mask, stride_x_row, stride_dy_row,
+                      BLOCK_M=BLOCK_M)
+    x_hat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+    dy = dy.to(tl.float32)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
+    dx = (dy * w[None, :] - mean_g[:, None] - x_hat * mean_xg[:, None]) * rstd[:, None]
+    tl.store(dx_ptr + rows.to(tl.int64)[:, None] * stride_dx_row + cols[None, :],
+             dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    out = partial_ptr + cols
+    tl.store(out, tl.sum(dy * x_hat, axis=0).to(partial_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(out + stride_partial_set, tl.sum(dy, axis=0).to(partial_ptr.dtype.element_ty),
+             mask=col_mask)
+
+
 # Launches kept by the layouts of (x, weight, mean, rstd, dy) and the parameters' dtype
 # (ready_launch.py), with the shape and dtype of their partial sums and what adds those up
 # (column_sums.summer); the first kernel's arguments that each call fills in.
@@ -760,6 +807,11 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     elif plan.path == "pieces":
         kernel = layernorm_bwd_pieces_kernel
         flags |= dict(HEAD=plan.block_n, TAIL=plan.tail_for(N), num_warps=plan.num_warps)
+    elif plan.path == "columns":  # one row of sums (rows_per_program is M), a part each
+        kernel, args = layernorm_bwd_columns_kernel, (*args[:12], args[13])
+        grid = plan.column_grid(M, N)
+        flags |= dict(COLUMNS=plan.columns, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                      num_warps=plan.num_warps)
     elif plan.path == "split":
         slots, epoch = exchange_slots(2 * M * plan.split, x.device)
         kernel, args = layernorm_bwd_split_kernel, (*args[:7], slots, epoch, *args[7:])
@@ -773,7 +825,7 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
     # kept where a later call can launch the same way: not a split (its exchange slots change
     # every call), nor the loop path (its partial sums start from zeros), and x, dy and the
     # statistics viewed as rows, not copied; with the column sums' launch (kept by `summed`)
-    if (key is not None and plan.path in ("rows", "pieces")
+    if (key is not None and plan.path in ("rows", "pieces", "columns")
             and all(a.data_ptr() == b.data_ptr()
                     for a, b in ((x2, x), (dy2, dy), (mean2, mean), (rstd2, rstd)))):
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,

@@ -11,10 +11,11 @@ Backward (per row, x_hat = x * rstd, g = dy * w):
 
 dw is summed deterministically: each program of the first kernel adds up its own rows into
 one float32 row of partial sums, and `column_sums` adds those rows in a fixed order (a lone
-program writes dw itself, in the weight's dtype: `column_sums.partial_rows`).
+program writes dw itself, in the weight's dtype: `column_sums.partial_rows`; so do the
+columns path's programs, each its own columns of every row).
 
 Reading guide. Read `plain_rmsnorm.py` first: the same arithmetic, one row a program, one
-path. Everything here is that, specialised per shape. Seven kernels; the launch plan that
+path. Everything here is that, specialised per shape. Eight kernels; the launch plan that
 `launch.py` makes for a shape picks one by its `path` and sets most of its flags:
 
     kernel                     plan.path         what it is for
@@ -28,6 +29,9 @@ path. Everything here is that, specialised per shape. Seven kernels; the launch 
                                                  as HEAD + TAIL columns (no idle lanes)
     rmsnorm_bwd_split_kernel   Backward "split"  long rows, SPLIT programs a row (GPU only)
     rmsnorm_bwd_loop_kernel    Backward "loop"   long rows where split cannot run
+    rmsnorm_bwd_columns_kernel Backward "columns" a few rows (decode): a program owns
+                                                 COLUMNS columns of every row and writes
+                                                 dW itself (no column sums)
 
 The flags, and the plan fields that set them (ForwardPlan, BackwardPlan, and Variant, the
 one thing a forward plan does beyond its path's plain kernel: launch_plans.py):
@@ -45,6 +49,7 @@ one thing a forward plan does beyond its path's plain kernel: launch_plans.py):
     RELOAD                    plan.reload: read the row again rather than keep it
     SUM_EACH_STEP             plan.sum_each_step: dW added over each step's rows at once
     HEAD, TAIL                plan.block_n, plan.tail_for(N)
+    COLUMNS                   plan.columns: the columns a columns-path program owns
     from the call             HAS_RESIDUAL (add_rmsnorm), HAS_WEIGHT, STORE_RSTD (the
                               autograd forward), MULTIPLE (launch_plans.stated_multiple_of: what
                               N and the strides are multiples of, for 16-byte loads)
@@ -637,6 +642,43 @@ def rmsnorm_bwd_split_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_
              dw_acc.to(dw_partial_ptr.dtype.element_ty), mask=col_mask)
 
 
+@triton.jit
+def rmsnorm_bwd_columns_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
+                               M, N, stride_x_row, stride_dy_row, stride_dx_row,
+                               HAS_WEIGHT: tl.constexpr, COLUMNS: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               MULTIPLE: tl.constexpr):
+    # A few rows (decode), all BLOCK_M of them at once: program p owns columns p * COLUMNS
+    # ... of every row. It sums x_hat * g over the whole of every row itself, BLOCK_N
+    # columns at a time from L2, in the same order as every other program (so all get the
+    # same bits, with nothing exchanged), then stores its columns of dx, and of dW in the
+    # weight's dtype: one launch, no column sums.
+    N, stride_x_row, stride_dy_row, stride_dx_row, _ = stated_multiples(
+        N, stride_x_row, stride_dy_row, stride_dx_row, 0, MULTIPLE=MULTIPLE)
+    rows = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        block = start + tl.arange(0, BLOCK_N)
+        x, dy = load_x_dy(x_ptr, dy_ptr, 0, M, block, block < N, stride_x_row, stride_dy_row,
+                          BLOCK_M=BLOCK_M)
+        w = weights_or_ones(w_ptr, block, block < N, HAS_WEIGHT=HAS_WEIGHT)
+        acc += x.to(tl.float32) * dy.to(tl.float32) * w[None, :]
+    rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
+    c = tl.sum(acc, axis=1) * rstd / N  # mean(x_hat * g), a row each
+    cols = tl.program_id(0) * COLUMNS + tl.arange(0, COLUMNS)
+    col_mask = cols < N
+    x, dy = load_x_dy(x_ptr, dy_ptr, 0, M, cols, col_mask, stride_x_row, stride_dy_row,
+                      BLOCK_M=BLOCK_M)
+    x_hat = x.to(tl.float32) * rstd[:, None]
+    dy = dy.to(tl.float32)
+    w = weights_or_ones(w_ptr, cols, col_mask, HAS_WEIGHT=HAS_WEIGHT)
+    dx = (dy * w[None, :] - x_hat * c[:, None]) * rstd[:, None]
+    tl.store(dx_ptr + rows.to(tl.int64)[:, None] * stride_dx_row + cols[None, :],
+             dx.to(dx_ptr.dtype.element_ty), mask=(rows < M)[:, None] & col_mask[None, :])
+    tl.store(dw_partial_ptr + cols, tl.sum(dy * x_hat, axis=0).to(dw_partial_ptr.dtype.element_ty),
+             mask=col_mask)
+
+
 # Launches kept by the layouts of (x, weight, rstd, dy) (ready_launch.py), with the shape and
 # dtype of their partial sums and what adds those up (column_sums.summer); the first
 # kernel's arguments that each call fills in.
@@ -671,6 +713,7 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     programs = triton.cdiv(M, rows_per_program)
     if plan.path == "split":  # groups take rows in turn: every group has at least one row
         programs = min(M, plan.programs)
+    # (the columns path: one row of dW sums, which its programs write a part each of)
     partials = partial_rows(1, programs, N, x.dtype if weight is None else weight.dtype,
                             x.device, zeros=plan.path == "loop")
     w_arg = weight if weight is not None else dx
@@ -687,6 +730,11 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     elif plan.path == "pieces":
         kernel, args = rmsnorm_bwd_pieces_kernel, common
         flags |= dict(HEAD=plan.block_n, TAIL=plan.tail_for(N), num_warps=plan.num_warps)
+    elif plan.path == "columns":
+        kernel, args = rmsnorm_bwd_columns_kernel, common[:-1]
+        grid = plan.column_grid(M, N)
+        flags |= dict(COLUMNS=plan.columns, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                      num_warps=plan.num_warps)
     elif plan.path == "split":
         slots, epoch = exchange_slots(M * plan.split, x.device)
         kernel, args = rmsnorm_bwd_split_kernel, (*common[:6], slots, epoch, *common[6:-1])
@@ -700,7 +748,7 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
     # kept where a later call can launch the same way: not a split (its exchange slots change
     # every call), nor the loop path (its partial sums start from zeros), and x, dy and rstd
     # viewed as rows, not copied; with the column sums' launch (kept by `summed` above)
-    if (key is not None and plan.path in ("rows", "pieces")
+    if (key is not None and plan.path in ("rows", "pieces", "columns")
             and x2.data_ptr() == x.data_ptr() and dy2.data_ptr() == dy.data_ptr()
             and rstd2.data_ptr() == rstd.data_ptr()):
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
