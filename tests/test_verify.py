@@ -372,6 +372,7 @@ def test_the_snapshot_sees_nothing_after_an_honest_check():
      lambda m: m.delattr(sandbox.CallRecord, "merge_remote")),
     ("sys.modules['course.check.sandbox'] was replaced or deleted",
      lambda m: m.delitem(sys.modules, "course.check.sandbox")),
+    ("sys.modules was replaced", lambda m: m.setattr(sys, "modules", dict(sys.modules))),
     ("course.verify.tamper.describe was rewritten",
      lambda m: m.setattr(tamper.describe, "__code__", (lambda changes, limit=5: "").__code__)),
 ])
@@ -380,6 +381,19 @@ def test_the_snapshot_names_what_was_replaced(monkeypatch, what, patch):
     patch(monkeypatch)
     found = [str(c) for c in snapshot.changes()]
     assert any(what in c for c in found), found
+
+
+def test_the_snapshot_names_a_course_class_renamed_in_place():
+    snapshot = tamper.Snapshot.take()
+    kept = sandbox.CallRecord.__qualname__
+    sandbox.CallRecord.__qualname__ = "SomethingElse"  # not in the class's dict: set back
+    try:
+        found = [str(c) for c in snapshot.changes()]
+    finally:
+        sandbox.CallRecord.__qualname__ = kept
+    assert "class course.check.sandbox:CallRecord was renamed (its __qualname__ changed)" \
+        in found, found
+    assert snapshot.changes() == []
 
 
 def test_additions_and_plain_settings_are_not_tampering(monkeypatch):

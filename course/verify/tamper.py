@@ -225,10 +225,10 @@ def _unfounded_kernels_seen(seen: object, checked: dict[int, tuple[object, objec
     return found
 
 
-# Where a kept object is looked up again at each check, besides the namespace (a module's or
-# a class's own dict) it was found in: `sys.modules`, read anew (it can be rebound), and a
-# watched class, resolved again by its "module:qualified name".
-_IN_SYS_MODULES = "sys.modules"
+# Where a kept object is looked up again at each check, besides the dict it was found in
+# (`sys.modules`, itself kept, or a module's or a class's own attributes): a watched class,
+# resolved again by its "module:qualified name"; and a course class, as (its module's dict,
+# its qualified name as kept), since one renamed in place is not the class that was kept.
 _BY_SPEC = "a watched class's name"
 
 
@@ -240,8 +240,9 @@ def _watched() -> tuple[dict[str, tuple[object, str, object]], dict[str, object]
     owners: dict[str, object] = {}
     classes = {spec: (_BY_SPEC, spec, cls_) for spec in WATCHED_CLASSES
                if (cls_ := _resolve(spec))}
+    entries["sys.modules"] = (vars(sys), "modules", sys.modules)  # rebound, it shows
     for name, module in _modules().items():
-        entries[f"sys.modules[{name!r}]"] = (_IN_SYS_MODULES, name, module)
+        entries[f"sys.modules[{name!r}]"] = (sys.modules, name, module)
         namespace = vars(module)
         course = _in_packages(name)
         if course:
@@ -250,7 +251,8 @@ def _watched() -> tuple[dict[str, tuple[object, str, object]], dict[str, object]
             if _kept(value):
                 entries[f"{name}.{attr}"] = (namespace, attr, value)
             if isinstance(value, type) and value.__module__ == name and course:
-                classes[f"{name}:{value.__qualname__}"] = (namespace, attr, value)
+                classes[f"{name}:{value.__qualname__}"] = \
+                    ((namespace, value.__qualname__), attr, value)
     for spec, (where, key, class_) in classes.items():
         entries[f"class {spec}"] = (where, key, class_)
         prefix = spec.replace(":", ".")
@@ -320,8 +322,8 @@ class Snapshot:
     # What it calls is bound here, as it is defined: a module's function rebound later (one
     # that reports nothing) is not called; rewriting these defaults is refused by the walls.
     def changes(self, seal: tuple | None = None, *, _insides=_insides, _digest=_digest,
-                _resolve=_resolve, _seal_of=_seal_of, _unfounded=_unfounded_kernels_seen
-                ) -> list[Change]:
+                _resolve=_resolve, _seal_of=_seal_of, _unfounded=_unfounded_kernels_seen,
+                _BY_SPEC=_BY_SPEC) -> list[Change]:
         """What differs now from when the snapshot was taken. `seal`: its `seal` as taken,
         kept apart from it (by default, the one it keeps itself)."""
         found = []
@@ -332,11 +334,13 @@ class Snapshot:
         missing = object()
         # Each object looked up where it was found (not every module listed again).
         for name, where, key, value, kept in self._entries:
-            if where is _IN_SYS_MODULES:
-                current = sys.modules.get(key, missing)
-            elif where is _BY_SPEC:
+            if where is _BY_SPEC:
                 current = _resolve(key)
                 current = missing if current is None else current
+            elif type(where) is tuple:  # a course class, in its module
+                current = where[0].get(key, missing)
+                if current is value and value.__qualname__ != where[1]:
+                    found.append(Change(name, "renamed (its __qualname__ changed)"))
             else:
                 current = where.get(key, missing)
             if current is not value:
