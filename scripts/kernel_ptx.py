@@ -73,6 +73,8 @@ CASES = [
     (rms.rmsnorm_bwd_pieces_kernel, 4, dict(HAS_WEIGHT=True, HEAD=4096, TAIL=1024)),
     (rms.rmsnorm_bwd_loop_kernel, 8, dict(HAS_WEIGHT=True, BLOCK_N=4096)),
     (rms.rmsnorm_bwd_split_kernel, 8, dict(HAS_WEIGHT=True, SPLIT=4, BLOCK_N=8192)),
+    (rms.rmsnorm_bwd_columns_kernel, 8, dict(HAS_WEIGHT=True, COLUMNS=128, BLOCK_M=8,
+                                             BLOCK_N=1024)),
     (ln.layernorm_fwd_rows_kernel, 4, dict(HAS_WEIGHT=True, HAS_BIAS=True, STORE_STATS=False,
                                            PREFETCH=False, BLOCK_M=4, BLOCK_N=4096)),
     (ln.layernorm_fwd_rows_kernel, 4, dict(HAS_WEIGHT=True, HAS_BIAS=True, STORE_STATS=False,
@@ -104,6 +106,8 @@ CASES = [
     (ln.layernorm_bwd_pieces_kernel, 4, dict(HAS_WEIGHT=True, HEAD=4096, TAIL=1024)),
     (ln.layernorm_bwd_loop_kernel, 8, dict(HAS_WEIGHT=True, BLOCK_N=4096)),
     (ln.layernorm_bwd_split_kernel, 8, dict(HAS_WEIGHT=True, SPLIT=4, BLOCK_N=8192)),
+    (ln.layernorm_bwd_columns_kernel, 8, dict(HAS_WEIGHT=True, COLUMNS=128, BLOCK_M=8,
+                                              BLOCK_N=1024)),
     (sums_module.column_sums_kernel, 4, dict(BLOCK_P=256, BLOCK_N=16)),
 ]
 # (name, multiple stated, row length and strides multiples of 16). A launch with EVEN has

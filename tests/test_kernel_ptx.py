@@ -37,7 +37,7 @@ def compiled(results) -> dict[tuple, dict[str, list[str]]]:
 
 def test_every_kernel_compiles_for_sm90(compiled):
     names = {kernel for kernel, _ in compiled}
-    assert len(names) == 15, sorted(names)  # forward and backward paths, and column sums
+    assert len(names) == 17, sorted(names)  # forward and backward paths, and column sums
 
 
 def test_a_stated_multiple_of_8_gives_the_accesses_of_rows_aligned_to_16(compiled):
