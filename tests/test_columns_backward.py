@@ -174,11 +174,12 @@ def test_layernorm_backward_of_a_few_rows(columns_launches, shape, params):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_16_bit_rows_write_the_parameter_sums_in_their_dtype(columns_launches, dtype):
-    # Rows 1030 apart of 1000 columns: the row strides reach the kernels, and the last
-    # program's columns are part empty.
+    # Rows of x 1030 apart and of dy 1040 apart, of 1000 columns: the row strides reach the
+    # kernels, and the last program's columns are part empty.
     shape = (5, 1000)
     wide = _x((shape[0], 1030), dtype, mean=1.0)
-    x, dy, w = wide[:, :1000], _x(shape, dtype, seed=7), _param(1000, dtype, seed=1)
+    x, dy = wide[:, :1000], _x((shape[0], 1040), dtype, seed=7)[:, :1000]
+    w = _param(1000, dtype, seed=1)
     rstd = reference.rmsnorm_rstd(x).float()
     dx, dw = rmsnorm.rmsnorm_backward(x, w, rstd, dy)
     _assert_grads(("dx", "dw"), (dx, dw), reference.rmsnorm_backward(x, w, dy), dtype)
@@ -215,7 +216,7 @@ def test_gpu_a_few_rows_backward_is_one_launch_kept_and_replayed_by_the_node(
     from solutions.kernels import kept_backward
     assert kept_backward.module(wait=True) is not None, "kept_backward.cpp did not build"
     dtype = torch.bfloat16
-    x0, dy = _x((4, N), dtype, mean=1.0), _x((4, N), dtype, seed=7)
+    x0, dy = _x((5, N), dtype, mean=1.0), _x((5, N), dtype, seed=7)  # 8 rows, 3 masked
     w0, b0 = _param(N, dtype, seed=1), _x(N, dtype, seed=3)
     for fn, params in ((kernels.rmsnorm, [w0]), (kernels.layernorm, [w0, b0])):
         grads, names = [], []
