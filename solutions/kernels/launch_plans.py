@@ -134,6 +134,13 @@ class BackwardPlan:
                              f"{self.block_m} is under M = {M}: {self}")
         return (-(-N // self.columns),)
 
+    @property
+    def replayable(self) -> bool:
+        """Whether a later call of the same layouts can launch it again as it was made: not
+        a split (its exchange slots change every call), nor the loop path (its partial sums
+        start from zeros)."""
+        return self.path not in ("split", "loop")
+
     def rows_per_program(self, M: int) -> int:
         return math.ceil(M / self.programs)
 

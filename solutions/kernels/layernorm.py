@@ -822,10 +822,9 @@ def layernorm_backward(x: torch.Tensor, weight: torch.Tensor | None, mean: torch
         flags |= dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     compiled = kernel[grid](*args, **flags)
     sums = summed(partials, param_dtype)
-    # kept where a later call can launch the same way: not a split (its exchange slots change
-    # every call), nor the loop path (its partial sums start from zeros), and x, dy and the
+    # kept where a later call can launch the same way (plan.replayable), with x, dy and the
     # statistics viewed as rows, not copied; with the column sums' launch (kept by `summed`)
-    if (key is not None and plan.path in ("rows", "pieces", "columns")
+    if (key is not None and plan.replayable
             and all(a.data_ptr() == b.data_ptr()
                     for a, b in ((x2, x), (dy2, dy), (mean2, mean), (rstd2, rstd)))):
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,

@@ -745,10 +745,9 @@ def rmsnorm_backward(x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.T
         flags |= dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     compiled = kernel[grid](*args, **flags)
     dw = summed(partials, weight.dtype)[0] if weight is not None else None
-    # kept where a later call can launch the same way: not a split (its exchange slots change
-    # every call), nor the loop path (its partial sums start from zeros), and x, dy and rstd
+    # kept where a later call can launch the same way (plan.replayable), with x, dy and rstd
     # viewed as rows, not copied; with the column sums' launch (kept by `summed` above)
-    if (key is not None and plan.path in ("rows", "pieces", "columns")
+    if (key is not None and plan.replayable
             and x2.data_ptr() == x.data_ptr() and dy2.data_ptr() == dy.data_ptr()
             and rstd2.data_ptr() == rstd.data_ptr()):
         _READY_BACKWARDS[key] = (ready_launch(compiled, kernel, grid, args, flags,
